@@ -1,0 +1,16 @@
+//! The eddy API contract. The `StatefulStreamApp` spec is the application spec that
+//! `eddy-worker` runs, so both the worker and the operator read these types; task ids and
+//! internal topic names live here too, so both sides agree on them. No I/O.
+
+pub mod manifest;
+pub mod spec;
+pub mod task;
+pub mod topics;
+
+pub use manifest::{AppManifest, ManifestError, parse_app};
+pub use spec::*;
+pub use task::TaskId;
+
+/// API group and version of the custom resource.
+pub const API_VERSION: &str = "eddy.dev/v1alpha1";
+pub const KIND: &str = "StatefulStreamApp";

@@ -1,0 +1,431 @@
+//! Test harness for eddy's end-to-end tests: a real Kafka broker started by
+//! `e2e/kafka/kafka.sh`, topics, producing and reading records, and `eddy-worker` processes
+//! started, scraped, stopped and killed like a user would.
+
+use anyhow::{Context as _, Result, bail};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Root of the repository.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Bootstrap address of the test broker: `EDDY_TEST_BOOTSTRAP` if set, else a broker named
+/// `test` started (or found running) by `e2e/kafka/kafka.sh`. `.ci/run` stops it at the end.
+pub fn bootstrap() -> Result<String> {
+    static ADDR: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    ADDR.get_or_init(|| {
+        if let Ok(a) = std::env::var("EDDY_TEST_BOOTSTRAP") {
+            return Ok(a);
+        }
+        let out = Command::new("bash")
+            .arg(repo_root().join("e2e/kafka/kafka.sh"))
+            .args(["start", "--name", "test"])
+            .stderr(Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running e2e/kafka/kafka.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("e2e/kafka/kafka.sh start failed ({})", out.status));
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .map(|l| l.trim().to_string())
+            .ok_or_else(|| "kafka.sh printed no bootstrap address".to_string())
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// A unique name so tests can run in parallel and twice in a row.
+pub fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{}-{nanos:x}", std::process::id())
+}
+
+fn client(extra: &[(&str, &str)]) -> Result<ClientConfig> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap()?);
+    for (k, v) in extra {
+        c.set(*k, *v);
+    }
+    Ok(c)
+}
+
+fn block_on<F: std::future::Future>(f: F) -> Result<F::Output> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f))
+}
+
+pub fn create_topic(name: &str, partitions: i32) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = client(&[])?.create()?;
+    let res = block_on(admin.create_topics(
+        &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+    ))??;
+    for r in res {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating topic {t}: {e}"))?;
+    }
+    wait_until(Duration::from_secs(30), || {
+        Ok(partition_count(name)? == partitions)
+    })
+}
+
+/// Delete topics (missing ones are fine): tests clean up after themselves.
+pub fn delete_topics(names: &[&str]) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = client(&[])?.create()?;
+    block_on(admin.delete_topics(names, &AdminOptions::new()))??;
+    Ok(())
+}
+
+/// Every topic whose name starts with `prefix` (an app's internal topics).
+pub fn topics_with_prefix(prefix: &str) -> Result<Vec<String>> {
+    let c: BaseConsumer = client(&[])?.create()?;
+    let md = c.fetch_metadata(None, Duration::from_secs(10))?;
+    Ok(md
+        .topics()
+        .iter()
+        .map(|t| t.name().to_string())
+        .filter(|n| n.starts_with(prefix))
+        .collect())
+}
+
+pub fn partition_count(topic: &str) -> Result<i32> {
+    let c: BaseConsumer = client(&[])?.create()?;
+    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    Ok(md.topics().first().map_or(0, |t| {
+        if t.error().is_some() {
+            0
+        } else {
+            t.partitions().len() as i32
+        }
+    }))
+}
+
+/// Remove all records of a partition before `offset` (Kafka's DeleteRecords).
+pub fn delete_records(topic: &str, partition: i32, offset: i64) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = client(&[])?.create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+    block_on(admin.delete_records(&tpl, &AdminOptions::new()))??;
+    Ok(())
+}
+
+/// A record to produce: optional key and value bytes.
+pub type Input = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Produce records, each to the partition Kafka's Java client would pick for its key.
+pub fn produce(topic: &str, records: &[Input]) -> Result<()> {
+    let n = partition_count(topic)?;
+    let p: ThreadedProducer<DefaultProducerContext> =
+        client(&[("linger.ms", "20"), ("enable.idempotence", "true")])?.create()?;
+    for (k, v) in records {
+        let part = k
+            .as_deref()
+            .map_or(0, |k| eddy_worker::partitioner::partition_for(k, n));
+        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(part);
+        if let Some(k) = k {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(v) = v {
+            rec = rec.payload(v.as_slice());
+        }
+        let mut rec = rec;
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((
+                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                    r,
+                )) => {
+                    p.poll(Duration::from_millis(10));
+                    rec = r;
+                }
+                Err((e, _)) => bail!("producing to {topic}: {e}"),
+            }
+        }
+    }
+    p.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
+/// A record read back from a topic.
+#[derive(Clone, Debug)]
+pub struct Consumed {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: HashMap<String, String>,
+}
+
+/// Every committed record of a topic, in partition and offset order.
+pub fn read_all(topic: &str) -> Result<Vec<Consumed>> {
+    let n = partition_count(topic)?;
+    let c: BaseConsumer = client(&[
+        ("group.id", "eddy-e2e-reader"),
+        ("enable.auto.commit", "false"),
+        ("isolation.level", "read_committed"),
+        ("enable.partition.eof", "true"),
+    ])?
+    .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..n {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    c.assign(&tpl)?;
+    let mut open: std::collections::HashSet<i32> = (0..n).collect();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !open.is_empty() {
+        if Instant::now() > deadline {
+            bail!("reading {topic}: partitions {open:?} did not reach their end in 120 s");
+        }
+        match c.poll(Duration::from_millis(500)) {
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                open.remove(&p);
+            }
+            Some(Err(e)) => bail!("reading {topic}: {e}"),
+            Some(Ok(m)) => {
+                let headers = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| {
+                                (
+                                    h.key.to_string(),
+                                    String::from_utf8_lossy(h.value.unwrap_or_default())
+                                        .to_string(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                out.push(Consumed {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                    headers,
+                });
+            }
+        }
+    }
+    out.sort_by_key(|r| (r.partition, r.offset));
+    Ok(out)
+}
+
+/// The last value per key of a topic (what a compacted view of it shows).
+pub fn latest_by_key(topic: &str) -> Result<HashMap<Vec<u8>, Vec<u8>>> {
+    let mut m = HashMap::new();
+    for r in read_all(topic)? {
+        if let (Some(k), Some(v)) = (r.key, r.value) {
+            m.insert(k, v);
+        }
+    }
+    Ok(m)
+}
+
+/// Wait for a condition instead of sleeping a fixed time.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond()? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("condition not met within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Path of a binary of the workspace, built next to the test executable.
+pub fn binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test executable has no parent dir")?;
+    let p = dir.join(name);
+    if !p.exists() {
+        bail!(
+            "{} not found: build it first with `cargo build --release --workspace --bins`",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A running `eddy-worker run` process.
+pub struct Worker {
+    child: Option<Child>,
+    pub http: String,
+    pub log: PathBuf,
+}
+
+impl Worker {
+    /// Start a worker on `app` (file contents) with its state in `state_dir`.
+    pub fn start(app: &str, state_dir: &Path) -> Result<Worker> {
+        std::fs::create_dir_all(state_dir)?;
+        let file = state_dir.join("app.yaml");
+        std::fs::write(&file, app)?;
+        let http = format!("127.0.0.1:{}", free_port()?);
+        let log = state_dir.join(format!("worker-{}.log", unique("w")));
+        let out = std::fs::File::create(&log)?;
+        let child = Command::new(binary("eddy-worker")?)
+            .args(["run", "-f"])
+            .arg(&file)
+            .arg("--bootstrap-servers")
+            .arg(bootstrap()?)
+            .arg("--state-dir")
+            .arg(state_dir.join("state"))
+            .args(["--http-addr", &http])
+            .env("EDDY_LOG", "info,librdkafka=warn")
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()?;
+        Ok(Worker {
+            child: Some(child),
+            http,
+            log,
+        })
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn get(&self, path: &str) -> Result<(u16, String)> {
+        let mut s = TcpStream::connect(&self.http)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.http)?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        let code = body
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let text = body
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, text))
+    }
+
+    /// Wait until `/readyz` answers 200 (every task RUNNING); fails early if the worker exits.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "worker exited with {st} before it was ready:\n{}",
+                    self.logs()
+                );
+            }
+            if matches!(self.get("/readyz"), Ok((200, _))) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("worker not ready within {timeout:?}:\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn metrics(&self) -> Result<String> {
+        Ok(self.get("/metrics")?.1)
+    }
+
+    /// Sum of a metric's samples whose line contains every one of `filters`.
+    pub fn metric(&self, name: &str, filters: &[&str]) -> Result<f64> {
+        Ok(sum_metric(&self.metrics()?, name, filters))
+    }
+
+    /// SIGTERM and wait: returns the exit code.
+    pub fn stop(&mut self) -> Result<i32> {
+        let Some(mut c) = self.child.take() else {
+            return Ok(0);
+        };
+        Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()?;
+        let st = c.wait()?;
+        Ok(st.code().unwrap_or(-1))
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill9(&mut self) -> Result<()> {
+        if let Some(mut c) = self.child.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the worker to exit by itself; returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return Ok(st.code().unwrap_or(-1));
+            }
+            if Instant::now() > deadline {
+                bail!("worker still running after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.kill9();
+    }
+}
+
+/// Sum of the samples of `name` in OpenMetrics text whose line contains all `filters`.
+pub fn sum_metric(text: &str, name: &str, filters: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| filters.iter().all(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test of eddy: formatting, lints, unit tests and the end-to-end tests on a real
+# Kafka broker it starts (and stops) itself. Builds go to a target dir outside the clone
+# (~/.cache/eddy/target) so reruns and other clones reuse them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+./e2e/setup.sh
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/eddy/target}
+export CARGO_TERM_COLOR=never
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "building (release: the tests run the same binaries the benchmark measures)"
+cargo build --release --workspace --all-targets
+
+step "cargo clippy"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+step "starting a local Kafka broker"
+bootstrap=$("$root/e2e/kafka/kafka.sh" start --name test)
+trap '"$root/e2e/kafka/kafka.sh" stop --name test >/dev/null 2>&1 || true' EXIT
+export EDDY_TEST_BOOTSTRAP=$bootstrap
+echo "kafka at $bootstrap" >&2
+
+step "cargo test"
+cargo test --release --workspace -- --test-threads="${EDDY_TEST_THREADS:-2}"

@@ -1,0 +1,192 @@
+//! The record cache in front of each store shard. Updates to one key coalesce here; dirty
+//! entries are sent to the changelog (and forwarded downstream) when the task flushes, at
+//! commit or when the cache is over its share of the byte budget. Entries stay readable until
+//! the commit writes them to the store, because the store must only ever hold committed state.
+
+use crate::store::{MemoryStore, StoreError, TaskDb};
+use eddy_crds::Format;
+use std::collections::HashMap;
+
+/// Where a store's committed data lives.
+pub enum Backend {
+    Rocks,
+    Memory(MemoryStore),
+}
+
+struct Entry {
+    value: Option<Vec<u8>>,
+    dirty: bool,
+    timestamp: i64,
+}
+
+/// One store of one task: its cache, its backend and what the topology knows about it.
+pub struct StoreState {
+    pub name: String,
+    pub changelog: String,
+    pub backend: Backend,
+    /// Index of the processor that receives this store's updates at flush (count/aggregate).
+    pub forward_to: Option<usize>,
+    pub key_format: Format,
+    pub value_format: Format,
+    entries: HashMap<Vec<u8>, Entry>,
+    bytes: usize,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// A dirty entry on its way to the changelog.
+pub struct Dirty {
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+    pub timestamp: i64,
+}
+
+const ENTRY_OVERHEAD: usize = 64;
+
+/// Committed changes of one store: `None` deletes the key.
+pub type Changes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+impl StoreState {
+    pub fn new(
+        name: &str,
+        changelog: String,
+        backend: Backend,
+        key_format: Format,
+        value_format: Format,
+    ) -> Self {
+        Self {
+            name: name.to_string(),
+            changelog,
+            backend,
+            forward_to: None,
+            key_format,
+            value_format,
+            entries: HashMap::new(),
+            bytes: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    pub fn get(&mut self, db: Option<&TaskDb>, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(e) = self.entries.get(key) {
+            self.hits += 1;
+            return Ok(e.value.clone());
+        }
+        self.misses += 1;
+        match &self.backend {
+            Backend::Memory(m) => Ok(m.map.get(key).cloned()),
+            Backend::Rocks => match db {
+                Some(db) => db.get(&self.name, key),
+                None => Ok(None),
+            },
+        }
+    }
+
+    pub fn put(&mut self, key: &[u8], value: Option<Vec<u8>>, timestamp: i64) {
+        let add = value.as_ref().map_or(0, Vec::len);
+        match self.entries.get_mut(key) {
+            Some(e) => {
+                self.bytes = self.bytes + add - e.value.as_ref().map_or(0, Vec::len);
+                e.value = value;
+                e.dirty = true;
+                e.timestamp = timestamp;
+            }
+            None => {
+                self.bytes += key.len() + add + ENTRY_OVERHEAD;
+                self.entries.insert(
+                    key.to_vec(),
+                    Entry {
+                        value,
+                        dirty: true,
+                        timestamp,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Bytes held by the cache, dirty or awaiting commit.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn has_dirty(&self) -> bool {
+        self.entries.values().any(|e| e.dirty)
+    }
+
+    /// Take the dirty entries, marking them clean; they stay readable until [`Self::commit`].
+    pub fn take_dirty(&mut self) -> Vec<Dirty> {
+        let mut out = Vec::new();
+        for (k, e) in self.entries.iter_mut().filter(|(_, e)| e.dirty) {
+            e.dirty = false;
+            out.push(Dirty {
+                key: k.clone(),
+                value: e.value.clone(),
+                timestamp: e.timestamp,
+            });
+        }
+        out
+    }
+
+    /// Everything flushed since the last commit, to write to the store; empties the cache.
+    pub fn take_committed(&mut self) -> Changes {
+        self.bytes = 0;
+        self.entries.drain().map(|(k, e)| (k, e.value)).collect()
+    }
+
+    /// Apply committed changes to an in-memory backend (RocksDB ones go through a batch).
+    pub fn apply_in_memory(&mut self, changes: &Changes, checkpoint: Option<i64>) {
+        if let Backend::Memory(m) = &mut self.backend {
+            for (k, v) in changes {
+                match v {
+                    Some(v) => m.map.insert(k.clone(), v.clone()),
+                    None => m.map.remove(k),
+                };
+            }
+            if checkpoint.is_some() {
+                m.checkpoint = checkpoint;
+            }
+        }
+    }
+
+    pub fn is_in_memory(&self) -> bool {
+        matches!(self.backend, Backend::Memory(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> StoreState {
+        StoreState::new(
+            "s",
+            "app-s-changelog".into(),
+            Backend::Memory(MemoryStore::default()),
+            Format::String,
+            Format::I64,
+        )
+    }
+
+    #[test]
+    fn coalesces_updates_per_key_and_keeps_them_readable_until_commit() {
+        let mut s = store();
+        s.put(b"a", Some(vec![1]), 1);
+        s.put(b"a", Some(vec![2]), 2);
+        s.put(b"b", Some(vec![3]), 3);
+        let mut dirty = s.take_dirty();
+        dirty.sort_by(|x, y| x.key.cmp(&y.key));
+        assert_eq!(dirty.len(), 2, "two keys, two changelog records");
+        assert_eq!(dirty[0].value, Some(vec![2]));
+        assert_eq!(dirty[0].timestamp, 2);
+        assert!(!s.has_dirty());
+        assert_eq!(s.get(None, b"a").expect("get"), Some(vec![2]));
+        let committed = s.take_committed();
+        s.apply_in_memory(&committed, Some(7));
+        assert_eq!(s.bytes(), 0);
+        assert_eq!(s.get(None, b"a").expect("get"), Some(vec![2]));
+        assert_eq!(s.hits, 1);
+        assert_eq!(s.misses, 1);
+    }
+}

@@ -1,0 +1,220 @@
+//! The record collector: sends everything a task writes (outputs, repartition records,
+//! changelog records, dead letters) through a Kafka producer, computes partitions with Kafka's
+//! murmur2, and tracks the offset each changelog partition reached so the commit can store it
+//! as the store's checkpoint.
+
+use crate::partitioner::partition_for;
+use crate::processor::{ProcessError, Sink};
+use rdkafka::ClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+/// Delivery bookkeeping shared with librdkafka's callback thread.
+#[derive(Default)]
+pub struct Tracker {
+    /// Next offset after the last delivered record, per tracked changelog partition.
+    slots: RwLock<Vec<Arc<AtomicI64>>>,
+    /// First delivery failure since the last check: a commit must not pretend it succeeded.
+    error: Mutex<Option<String>>,
+}
+
+impl ClientContext for Tracker {}
+
+impl ProducerContext for Tracker {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, slot: usize) {
+        match result {
+            Ok(m) => {
+                if slot > 0
+                    && let Ok(slots) = self.slots.read()
+                    && let Some(s) = slots.get(slot - 1)
+                {
+                    s.fetch_max(m.offset() + 1, Ordering::Relaxed);
+                }
+            }
+            Err((e, m)) => {
+                if let Ok(mut err) = self.error.lock() {
+                    err.get_or_insert_with(|| {
+                        format!("delivery to {}[{}] failed: {e}", m.topic(), m.partition())
+                    });
+                }
+            }
+        }
+    }
+}
+
+pub type Producer = ThreadedProducer<Tracker>;
+
+/// A producer and the partition counts of the topics it writes.
+pub struct Collector {
+    pub producer: Arc<Producer>,
+    partitions: Arc<HashMap<String, i32>>,
+}
+
+/// Handle on one changelog partition's delivered offset.
+#[derive(Clone)]
+pub struct Slot {
+    id: usize,
+    offset: Arc<AtomicI64>,
+}
+
+impl Slot {
+    /// Next offset after the last delivered record, or -1 if nothing was delivered yet.
+    pub fn delivered(&self) -> i64 {
+        self.offset.load(Ordering::Relaxed)
+    }
+}
+
+impl Collector {
+    pub fn new(producer: Arc<Producer>, partitions: Arc<HashMap<String, i32>>) -> Self {
+        Self {
+            producer,
+            partitions,
+        }
+    }
+
+    pub fn track(&self) -> Slot {
+        let offset = Arc::new(AtomicI64::new(-1));
+        let mut slots = self
+            .producer
+            .context()
+            .slots
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        slots.push(offset.clone());
+        Slot {
+            id: slots.len(),
+            offset,
+        }
+    }
+
+    /// The first delivery error since the last call, if any.
+    pub fn take_error(&self) -> Option<String> {
+        self.producer
+            .context()
+            .error
+            .lock()
+            .ok()
+            .and_then(|mut e| e.take())
+    }
+
+    pub fn partitions(&self, topic: &str) -> Option<i32> {
+        self.partitions.get(topic).copied()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_raw(
+        &self,
+        topic: &str,
+        partition: i32,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        timestamp: i64,
+        headers: Option<OwnedHeaders>,
+        slot: Option<&Slot>,
+    ) -> Result<(), ProcessError> {
+        let mut rec: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(topic, slot.map_or(0, |s| s.id)).partition(partition);
+        if timestamp >= 0 {
+            rec = rec.timestamp(timestamp);
+        }
+        if let Some(k) = key {
+            rec = rec.key(k);
+        }
+        if let Some(v) = value {
+            rec = rec.payload(v);
+        }
+        if let Some(h) = headers {
+            rec = rec.headers(h);
+        }
+        loop {
+            match self.producer.send(rec) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    // Wait for deliveries to free queue space; the polling thread serves them.
+                    self.producer.poll(Duration::from_millis(5));
+                    rec = r;
+                }
+                Err((e, _)) => {
+                    return Err(ProcessError::Fatal(format!(
+                        "cannot send to {topic}[{partition}]: {e}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Partition for a key as Kafka's Java client computes it; keyless records are spread by librdkafka.
+    pub fn partition(&self, topic: &str, key: Option<&[u8]>) -> Result<i32, ProcessError> {
+        let n = self.partitions(topic).ok_or_else(|| {
+            ProcessError::Fatal(format!("topic {topic:?} is not an output of this topology"))
+        })?;
+        Ok(key.map_or(rdkafka::producer::PARTITION_UA, |k| partition_for(k, n)))
+    }
+}
+
+/// The collector as the processors' sink.
+impl Sink for Collector {
+    fn send(
+        &mut self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        timestamp: i64,
+    ) -> Result<(), ProcessError> {
+        let p = match partition {
+            Some(p) => p,
+            None => self.partition(topic, key)?,
+        };
+        self.send_raw(topic, p, key, value, timestamp, None, None)
+    }
+}
+
+/// Headers saying why a record went to the dead-letter topic.
+pub fn dead_letter_headers(reason: &str, topic: &str, partition: i32, offset: i64) -> OwnedHeaders {
+    let (p, o) = (partition.to_string(), offset.to_string());
+    OwnedHeaders::new()
+        .insert(Header {
+            key: "eddy.error.reason",
+            value: Some(reason),
+        })
+        .insert(Header {
+            key: "eddy.error.topic",
+            value: Some(topic),
+        })
+        .insert(Header {
+            key: "eddy.error.partition",
+            value: Some(&p),
+        })
+        .insert(Header {
+            key: "eddy.error.offset",
+            value: Some(&o),
+        })
+}
+
+/// A producer for a task (`transactional_id` under exactly-once) or for the whole process.
+pub fn producer(
+    cfg: &crate::config::WorkerConfig,
+    transactional_id: Option<&str>,
+) -> Result<Arc<Producer>, KafkaError> {
+    let mut c = cfg.client_config();
+    c.set("linger.ms", "10")
+        .set("batch.num.messages", "10000")
+        .set("enable.idempotence", "true")
+        .set("queue.buffering.max.kbytes", "32768");
+    if let Some(id) = transactional_id {
+        // Per-task transactional ids: whoever takes a task over fences its zombie owner.
+        c.set("transactional.id", id)
+            .set("transaction.timeout.ms", "30000");
+    }
+    Ok(Arc::new(c.create_with_context(Tracker::default())?))
+}

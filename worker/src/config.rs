@@ -1,0 +1,241 @@
+//! The worker's resolved configuration: the app file, overridden by flags and `EDDY_*`
+//! environment variables, with every default made explicit.
+
+use crate::topology::{Topology, TopologyError};
+use eddy_crds::spec::{AppSpec, OnError, ProcessingGuarantee};
+use eddy_crds::{ManifestError, parse_app};
+use rdkafka::ClientConfig;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read app file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("app file {path}: {source}")]
+    Manifest {
+        path: PathBuf,
+        #[source]
+        source: ManifestError,
+    },
+    #[error("app file {path}: {source}")]
+    Topology {
+        path: PathBuf,
+        #[source]
+        source: TopologyError,
+    },
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+}
+
+/// Values given on the command line or in the environment; they win over the file.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub bootstrap_servers: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub application_id: Option<String>,
+    pub instance_id: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub application_id: String,
+    pub instance_id: String,
+    pub bootstrap_servers: String,
+    pub state_dir: PathBuf,
+    pub spec: AppSpec,
+    pub topology: Topology,
+    pub guarantee: ProcessingGuarantee,
+    pub commit_interval: Duration,
+    pub on_error: OnError,
+    /// Bytes for RocksDB (block cache incl. memtables) and for the record cache.
+    pub rocksdb_bytes: usize,
+    pub record_cache_bytes: usize,
+}
+
+/// Default state memory per process.
+pub const DEFAULT_MEMORY_BUDGET: usize = 256 << 20;
+
+impl WorkerConfig {
+    pub fn load(path: &Path, o: Overrides) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_text(&text, path, o)
+    }
+
+    pub fn from_text(text: &str, path: &Path, o: Overrides) -> Result<Self, ConfigError> {
+        let manifest = parse_app(text).map_err(|source| ConfigError::Manifest {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let application_id = o
+            .application_id
+            .or_else(|| manifest.application_id().map(str::to_string))
+            .ok_or(ConfigError::Invalid {
+                field: "applicationId",
+                message: "missing: set spec.applicationId, metadata.name or --application-id"
+                    .into(),
+            })?;
+        eddy_crds::topics::check_name(&application_id).map_err(|message| ConfigError::Invalid {
+            field: "applicationId",
+            message,
+        })?;
+        let spec = manifest.spec;
+        let bootstrap_servers = o
+            .bootstrap_servers
+            .or_else(|| spec.kafka.bootstrap_servers.clone())
+            .ok_or(ConfigError::Invalid {
+                field: "kafka.bootstrapServers",
+                message: "missing: set it in the app file or pass --bootstrap-servers".into(),
+            })?;
+        let guarantee = spec.processing_guarantee;
+        let commit_interval =
+            Duration::from_millis(spec.commit_interval_ms.unwrap_or(match guarantee {
+                ProcessingGuarantee::AtLeastOnce => 30_000,
+                ProcessingGuarantee::ExactlyOnce => 100,
+            }));
+        let budget = match spec.memory.as_ref().and_then(|m| m.budget.as_deref()) {
+            Some(q) => parse_quantity(q).map_err(|message| ConfigError::Invalid {
+                field: "memory.budget",
+                message,
+            })?,
+            None => DEFAULT_MEMORY_BUDGET,
+        };
+        if budget < 16 << 20 {
+            return Err(ConfigError::Invalid {
+                field: "memory.budget",
+                message: format!("{budget} bytes is too small: give at least 16Mi"),
+            });
+        }
+        let topology = Topology::from_spec(&application_id, &spec).map_err(|source| {
+            ConfigError::Topology {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
+        Ok(Self {
+            instance_id: o
+                .instance_id
+                .unwrap_or_else(|| format!("{application_id}-standalone")),
+            application_id,
+            bootstrap_servers,
+            state_dir: o
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from("/tmp/eddy-state")),
+            on_error: spec.on_error,
+            guarantee,
+            commit_interval,
+            record_cache_bytes: budget / 4,
+            rocksdb_bytes: budget - budget / 4,
+            topology,
+            spec,
+        })
+    }
+
+    pub fn exactly_once(&self) -> bool {
+        self.guarantee == ProcessingGuarantee::ExactlyOnce
+    }
+
+    /// Base client properties: the brokers plus the app's extra librdkafka properties.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap_servers);
+        c.set("client.id", &self.instance_id);
+        for (k, v) in &self.spec.kafka.properties {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// Directory of one task's RocksDB instance.
+    pub fn task_dir(&self, task: eddy_crds::TaskId) -> PathBuf {
+        self.state_dir
+            .join(&self.application_id)
+            .join(task.to_string())
+    }
+}
+
+/// Parse a Kubernetes-style quantity of bytes: `256Mi`, `1Gi`, `500M`, `1048576`.
+pub fn parse_quantity(q: &str) -> Result<usize, String> {
+    let q = q.trim();
+    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
+    let (num, unit) = q.split_at(split);
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("{q:?} is not a quantity: expected e.g. 256Mi, 1Gi or 500M"))?;
+    let mult: usize = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "k" => 1000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        _ => {
+            return Err(format!(
+                "{q:?}: unknown unit {unit:?}, expected Ki, Mi, Gi, k, M or G"
+            ));
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{q:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_quantity("256Mi"), Ok(256 << 20));
+        assert_eq!(parse_quantity("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_quantity("42"), Ok(42));
+        assert!(parse_quantity("12 parsecs").is_err());
+        assert!(parse_quantity("Mi").is_err());
+    }
+
+    #[test]
+    fn flags_override_the_file_and_defaults_follow_the_guarantee() {
+        let text = "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {name: pv}\nspec:\n  kafka: {bootstrapServers: 'k:9092'}\n  processingGuarantee: exactly_once\n  topology: [{from: {topic: a}}]\n";
+        let c = WorkerConfig::from_text(
+            text,
+            Path::new("app.yaml"),
+            Overrides {
+                bootstrap_servers: Some("127.0.0.1:1".into()),
+                ..Default::default()
+            },
+        )
+        .expect("valid");
+        assert_eq!(c.bootstrap_servers, "127.0.0.1:1");
+        assert_eq!(c.application_id, "pv");
+        assert_eq!(c.commit_interval, Duration::from_millis(100));
+        assert_eq!(
+            c.rocksdb_bytes + c.record_cache_bytes,
+            DEFAULT_MEMORY_BUDGET
+        );
+    }
+
+    #[test]
+    fn missing_bootstrap_servers_says_how_to_fix() {
+        let e = WorkerConfig::from_text(
+            "applicationId: a\ntopology: [{from: {topic: a}}]\n",
+            Path::new("f"),
+            Overrides::default(),
+        )
+        .expect_err("no brokers")
+        .to_string();
+        assert!(
+            e.contains("kafka.bootstrapServers") && e.contains("--bootstrap-servers"),
+            "{e}"
+        );
+    }
+}

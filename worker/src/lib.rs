@@ -1,0 +1,30 @@
+//! `eddy-worker`: the engine that runs a stateful stream application on Kafka the way Kafka
+//! Streams does. An app is a [`topology::Topology`] of sub-topologies; each runs as one
+//! [`task::Task`] per input partition, with its own shard of each store ([`store`]) behind a
+//! record cache ([`cache`]), every change mirrored to a compacted changelog ([`changelog`]),
+//! [`restore`]d from it before processing, and committed at-least-once or exactly-once by the
+//! loop in [`runtime`]. Declarative steps ([`steps`]) are built on the [`processor`] API that
+//! embedding applications can use for their own logic.
+
+pub mod cache;
+pub mod changelog;
+pub mod collector;
+pub mod config;
+pub mod expr;
+pub mod format;
+pub mod http;
+pub mod metrics;
+pub mod partitioner;
+pub mod processor;
+pub mod record;
+pub mod restore;
+pub mod runtime;
+pub mod steps;
+pub mod store;
+pub mod task;
+pub mod topology;
+
+pub use config::{Overrides, WorkerConfig};
+pub use processor::{Context, KeyValueStore, ProcessError, Processor};
+pub use record::{Data, Record};
+pub use runtime::{Status, run};

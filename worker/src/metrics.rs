@@ -1,0 +1,186 @@
+//! Prometheus metrics of a worker, in OpenMetrics text on `/metrics`. Names follow Kafka
+//! Streams' where one exists (`records processed`, `restore remaining`, `task state`...).
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    pub task: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreLabels {
+    pub task: String,
+    pub store: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskStateLabels {
+    pub task: String,
+    pub state: TaskStateLabel,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum TaskStateLabel {
+    CREATED,
+    RESTORING,
+    RUNNING,
+    SUSPENDED,
+    CLOSED,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabels {
+    pub topic: String,
+    pub partition: i32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub task: String,
+    /// `skip`, `dead_letter` or `dropped` (null key/value in an aggregation).
+    pub outcome: String,
+}
+
+/// Every metric a worker exports.
+pub struct Metrics {
+    pub registry: Registry,
+    pub records_processed: Family<TaskLabels, Counter>,
+    pub commit_seconds: Histogram,
+    pub commits: Counter,
+    pub restore_remaining: Family<StoreLabels, Gauge>,
+    pub restore_rate: Family<StoreLabels, Gauge<f64, AtomicU64>>,
+    pub restored_records: Family<StoreLabels, Counter>,
+    pub task_state: Family<TaskStateLabels, Gauge>,
+    pub store_keys: Family<StoreLabels, Gauge>,
+    pub store_bytes: Family<StoreLabels, Gauge>,
+    pub cache_hits: Family<StoreLabels, Counter>,
+    pub cache_misses: Family<StoreLabels, Counter>,
+    pub consumer_lag: Family<PartitionLabels, Gauge>,
+    pub bad_records: Family<OutcomeLabels, Counter>,
+    pub tasks_rebuilt: Family<TaskLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("eddy");
+        let m = Metrics {
+            records_processed: Family::default(),
+            commit_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            commits: Counter::default(),
+            restore_remaining: Family::default(),
+            restore_rate: Family::default(),
+            restored_records: Family::default(),
+            task_state: Family::default(),
+            store_keys: Family::default(),
+            store_bytes: Family::default(),
+            cache_hits: Family::default(),
+            cache_misses: Family::default(),
+            consumer_lag: Family::default(),
+            bad_records: Family::default(),
+            tasks_rebuilt: Family::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "records_processed",
+            "Input records processed, per task",
+            m.records_processed.clone(),
+        );
+        r.register(
+            "commit_duration_seconds",
+            "Time to commit all tasks (flush, Kafka commit, store write)",
+            m.commit_seconds.clone(),
+        );
+        r.register("commits", "Commits of all tasks", m.commits.clone());
+        r.register(
+            "restore_remaining_records",
+            "Changelog records left to restore, per task and store",
+            m.restore_remaining.clone(),
+        );
+        r.register(
+            "restore_rate_records_per_second",
+            "Restore speed of the last restore, per task and store",
+            m.restore_rate.clone(),
+        );
+        r.register(
+            "restored_records",
+            "Changelog records restored, per task and store",
+            m.restored_records.clone(),
+        );
+        r.register(
+            "task_state",
+            "1 for the state a task is in",
+            m.task_state.clone(),
+        );
+        r.register(
+            "store_keys_estimate",
+            "Estimated keys in a store shard",
+            m.store_keys.clone(),
+        );
+        r.register(
+            "store_bytes_estimate",
+            "Estimated live bytes of a store shard",
+            m.store_bytes.clone(),
+        );
+        r.register(
+            "record_cache_hits",
+            "Store reads served by the record cache",
+            m.cache_hits.clone(),
+        );
+        r.register(
+            "record_cache_misses",
+            "Store reads that went to the store",
+            m.cache_misses.clone(),
+        );
+        r.register(
+            "consumer_lag_records",
+            "Records between the committed position and the end of an input partition",
+            m.consumer_lag.clone(),
+        );
+        r.register(
+            "bad_records",
+            "Records skipped, dead-lettered or dropped instead of processed",
+            m.bad_records.clone(),
+        );
+        r.register(
+            "tasks_rebuilt",
+            "Tasks whose state was wiped and rebuilt because the changelog no longer covered it",
+            m.tasks_rebuilt.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// Set the state gauge of a task: 1 for its current state, 0 for the others.
+    pub fn set_task_state(&self, task: &str, state: TaskStateLabel) {
+        use TaskStateLabel::*;
+        for s in [CREATED, RESTORING, RUNNING, SUSPENDED, CLOSED] {
+            self.task_state
+                .get_or_create(&TaskStateLabels {
+                    task: task.to_string(),
+                    state: s,
+                })
+                .set(i64::from(s == state));
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

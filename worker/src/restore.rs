@@ -1,0 +1,247 @@
+//! Restore: before a task processes anything, bring each of its stores up to the end of its
+//! changelog, starting from the checkpoint stored with the data, so a restart on the same
+//! state directory replays only the tail. A checkpoint the changelog no longer covers (topic
+//! deleted or truncated) means the local state cannot be trusted: the task's state is wiped
+//! and rebuilt from what the changelog still has, counted in a metric, and the worker goes on.
+
+use crate::cache::{Backend, Changes};
+use crate::config::WorkerConfig;
+use crate::metrics::{Metrics, StoreLabels, TaskLabels};
+use crate::store::{self, Change, StateResources, StoreError, TaskDb};
+use crate::task::{Task, TaskState};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("restoring from {topic}: {source}")]
+    Kafka {
+        topic: String,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("restoring task {task}: {source}")]
+    Store {
+        task: eddy_crds::TaskId,
+        #[source]
+        source: StoreError,
+    },
+    #[error("interrupted by shutdown")]
+    Interrupted,
+}
+
+/// Records restored, per task id and store, for logs and tests.
+pub type Restored = HashMap<(String, String), u64>;
+
+const BATCH: usize = 10_000;
+
+/// Restore every store of `tasks` to the end of its changelog.
+pub fn restore(
+    cfg: &WorkerConfig,
+    tasks: &mut [Task],
+    resources: &StateResources,
+    metrics: &Metrics,
+    shutdown: &AtomicBool,
+) -> Result<Restored, RestoreError> {
+    let mut restored = Restored::new();
+    for t in tasks.iter_mut() {
+        t.transition(TaskState::Restoring);
+    }
+    let changelogs: Vec<String> = {
+        let mut v: Vec<String> = tasks
+            .iter()
+            .flat_map(|t| t.stores.iter().map(|s| s.changelog.clone()))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    for changelog in changelogs {
+        let kafka = |source| RestoreError::Kafka {
+            topic: changelog.clone(),
+            source,
+        };
+        let consumer: BaseConsumer = cfg
+            .client_config()
+            .set("group.id", format!("{}-restore", cfg.application_id))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.max.bytes", "52428800")
+            .set("max.partition.fetch.bytes", "10485760")
+            .set("queued.max.messages.kbytes", "65536")
+            .create()
+            .map_err(kafka)?;
+        // partition → (task index, store index, high watermark)
+        let mut targets: HashMap<i32, (usize, usize, i64)> = HashMap::new();
+        let mut tpl = TopicPartitionList::new();
+        for (ti, t) in tasks.iter_mut().enumerate() {
+            let Some(si) = t.stores.iter().position(|s| s.changelog == changelog) else {
+                continue;
+            };
+            let p = t.id.partition;
+            let (low, high) = consumer
+                .fetch_watermarks(&changelog, p, Duration::from_secs(30))
+                .map_err(kafka)?;
+            let mut checkpoint = checkpoint_of(t, si)
+                .map_err(|source| RestoreError::Store { task: t.id, source })?;
+            if let Some(c) = checkpoint
+                && (c > high || c < low)
+            {
+                tracing::warn!(task = %t.id, changelog = %changelog, partition = p, checkpoint = c, low, high,
+                    "changelog no longer covers the local state: wiping the task's state and rebuilding it");
+                rebuild(t, resources)
+                    .map_err(|source| RestoreError::Store { task: t.id, source })?;
+                metrics
+                    .tasks_rebuilt
+                    .get_or_create(&TaskLabels {
+                        task: t.id.to_string(),
+                    })
+                    .inc();
+                checkpoint = None;
+            }
+            let start = checkpoint.unwrap_or(low);
+            let labels = StoreLabels {
+                task: t.id.to_string(),
+                store: t.stores[si].name.clone(),
+            };
+            metrics
+                .restore_remaining
+                .get_or_create(&labels)
+                .set((high - start).max(0));
+            if start >= high {
+                continue;
+            }
+            tpl.add_partition_offset(&changelog, p, Offset::Offset(start))
+                .map_err(kafka)?;
+            targets.insert(p, (ti, si, high));
+        }
+        if targets.is_empty() {
+            continue;
+        }
+        consumer.assign(&tpl).map_err(kafka)?;
+        let started = Instant::now();
+        let mut pending: HashMap<i32, (Changes, i64)> = HashMap::new();
+        while !targets.is_empty() {
+            if shutdown.load(Ordering::Relaxed) {
+                return Err(RestoreError::Interrupted);
+            }
+            let (p, done) = match consumer.poll(Duration::from_millis(200)) {
+                None => continue,
+                Some(Err(KafkaError::PartitionEOF(p))) => (p, true),
+                Some(Err(e)) => return Err(kafka(e)),
+                Some(Ok(m)) => {
+                    let entry = pending.entry(m.partition()).or_default();
+                    entry.0.push((
+                        m.key().unwrap_or_default().to_vec(),
+                        m.payload().map(<[u8]>::to_vec),
+                    ));
+                    entry.1 = m.offset() + 1;
+                    if entry.0.len() < BATCH {
+                        continue;
+                    }
+                    (m.partition(), false)
+                }
+            };
+            let Some(&(ti, si, high)) = targets.get(&p) else {
+                continue;
+            };
+            let (batch, mut next) = pending.remove(&p).unwrap_or_default();
+            if done {
+                // Past control records the position can be beyond the last record's offset.
+                if let Ok(pos) = consumer.position()
+                    && let Some(Offset::Offset(o)) =
+                        pos.find_partition(&changelog, p).map(|e| e.offset())
+                {
+                    next = next.max(o);
+                }
+            }
+            let n = batch.len() as u64;
+            let t = &mut tasks[ti];
+            if next > 0 {
+                apply(t, si, batch, next)
+                    .map_err(|source| RestoreError::Store { task: t.id, source })?;
+            }
+            let labels = StoreLabels {
+                task: t.id.to_string(),
+                store: t.stores[si].name.clone(),
+            };
+            *restored
+                .entry((labels.task.clone(), labels.store.clone()))
+                .or_default() += n;
+            metrics.restored_records.get_or_create(&labels).inc_by(n);
+            metrics
+                .restore_remaining
+                .get_or_create(&labels)
+                .set((high - next).max(0));
+            let total = restored[&(labels.task.clone(), labels.store.clone())];
+            metrics
+                .restore_rate
+                .get_or_create(&labels)
+                .set(total as f64 / started.elapsed().as_secs_f64().max(1e-3));
+            if done {
+                metrics.restore_remaining.get_or_create(&labels).set(0);
+                targets.remove(&p);
+                tracing::info!(task = %t.id, store = %labels.store, records = total, "restored");
+            }
+        }
+    }
+    Ok(restored)
+}
+
+fn checkpoint_of(t: &Task, si: usize) -> Result<Option<i64>, StoreError> {
+    let s = &t.stores[si];
+    match (&s.backend, &t.db) {
+        (Backend::Memory(m), _) => Ok(m.checkpoint),
+        (Backend::Rocks, Some(db)) => db.checkpoint(&s.name),
+        (Backend::Rocks, None) => Ok(None),
+    }
+}
+
+fn apply(t: &mut Task, si: usize, batch: Changes, next: i64) -> Result<(), StoreError> {
+    let name = t.stores[si].name.clone();
+    if t.stores[si].is_in_memory() {
+        t.stores[si].apply_in_memory(&batch, Some(next));
+        return Ok(());
+    }
+    let Some(db) = &t.db else { return Ok(()) };
+    db.write(
+        batch.iter().map(|(k, v)| {
+            (
+                name.as_str(),
+                Change {
+                    key: k,
+                    value: v.as_deref(),
+                },
+            )
+        }),
+        [(name.as_str(), next)],
+    )
+}
+
+/// Wipe a task's local state and open it empty.
+fn rebuild(t: &mut Task, resources: &StateResources) -> Result<(), StoreError> {
+    for s in &mut t.stores {
+        if let Backend::Memory(m) = &mut s.backend {
+            *m = Default::default();
+        }
+    }
+    let Some(db) = t.db.take() else { return Ok(()) };
+    let path = db.path().to_path_buf();
+    drop(db);
+    store::wipe(&path)?;
+    let names: Vec<String> = t
+        .stores
+        .iter()
+        .filter(|s| !s.is_in_memory())
+        .map(|s| s.name.clone())
+        .collect();
+    t.db = Some(TaskDb::open(resources, &path, &names)?);
+    Ok(())
+}

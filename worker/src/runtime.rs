@@ -1,0 +1,349 @@
+//! The processing loop (Kafka Streams' StreamThread and TaskManager in one): prepares topics,
+//! creates and restores tasks, consumes their input partitions by manual assignment, routes
+//! records to tasks and commits all of them every commit interval.
+//!
+//! Commit order (the same for both guarantees): flush every task's cache to the changelog;
+//! then the Kafka commit (exactly-once: each task's transaction with its input offsets;
+//! at-least-once: wait for all deliveries, then commit the input offsets); only then write the
+//! flushed state and the changelog offsets to each store. A crash anywhere in between leaves
+//! the stores at the previous commit, and restore replays the changelog tail from there.
+
+use crate::changelog::{self, TopicError};
+use crate::collector::{self, Collector};
+use crate::config::WorkerConfig;
+use crate::metrics::{Metrics, PartitionLabels};
+use crate::record::Origin;
+use crate::restore::{self, RestoreError, Restored};
+use crate::store::{StateResources, StoreError};
+use crate::task::{Task, TaskError, TaskState};
+use eddy_crds::TaskId;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::Producer as _;
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Topics(#[from] TopicError),
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+    #[error("state stores: {0}")]
+    Store(#[from] StoreError),
+    #[error("{what}: {source}")]
+    Kafka {
+        what: String,
+        #[source]
+        source: KafkaError,
+    },
+    #[error("{0}")]
+    Delivery(String),
+}
+
+fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> RuntimeError {
+    let what = what.into();
+    move |source| RuntimeError::Kafka { what, source }
+}
+
+/// Shared with the HTTP server and the embedding application.
+#[derive(Default)]
+pub struct Status {
+    /// True once every active task is RUNNING.
+    pub ready: AtomicBool,
+    /// Set to ask the loop to commit, close cleanly and return.
+    pub shutdown: AtomicBool,
+    /// What the last restore did, for tests and logs.
+    pub restored: std::sync::Mutex<Restored>,
+}
+
+/// Feeds consumer lag from librdkafka's statistics into the metrics, without extra requests.
+struct LagReporter(Arc<Metrics>);
+
+impl ClientContext for LagReporter {
+    fn stats(&self, stats: Statistics) {
+        for (topic, t) in stats.topics {
+            for (p, part) in t.partitions {
+                if p >= 0 && part.consumer_lag >= 0 {
+                    self.0
+                        .consumer_lag
+                        .get_or_create(&PartitionLabels {
+                            topic: topic.clone(),
+                            partition: p,
+                        })
+                        .set(part.consumer_lag);
+                }
+            }
+        }
+    }
+}
+impl ConsumerContext for LagReporter {}
+
+/// Run the app until `status.shutdown` is set or a task fails.
+pub fn run(
+    cfg: &WorkerConfig,
+    metrics: Arc<Metrics>,
+    status: Arc<Status>,
+) -> Result<(), RuntimeError> {
+    let counts = Arc::new(changelog::prepare(cfg)?);
+    let resources = StateResources::new(cfg.rocksdb_bytes)?;
+    let consumer: BaseConsumer<LagReporter> = cfg
+        .client_config()
+        .set("group.id", &cfg.application_id)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("statistics.interval.ms", "5000")
+        .set("queued.max.messages.kbytes", "16384")
+        .set("fetch.max.bytes", "52428800")
+        .create_with_context(LagReporter(metrics.clone()))
+        .map_err(kafka("creating the consumer"))?;
+
+    // A standalone worker owns every task.
+    let ids: Vec<(usize, TaskId)> = cfg
+        .topology
+        .subtopologies
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| (0..counts[&s.source.topic]).map(move |p| (i, TaskId::new(s.id, p))))
+        .collect();
+    let cache_share = (cfg.record_cache_bytes / ids.len().max(1)).max(64 << 10);
+    let shared = if cfg.exactly_once() {
+        None
+    } else {
+        Some(collector::producer(cfg, None).map_err(kafka("creating the producer"))?)
+    };
+    let mut tasks = Vec::with_capacity(ids.len());
+    for (i, id) in &ids {
+        let producer = match &shared {
+            Some(p) => p.clone(),
+            None => {
+                let txn_id = format!("{}-{}", cfg.application_id, id);
+                let p = collector::producer(cfg, Some(&txn_id))
+                    .map_err(kafka(format!("producer {txn_id}")))?;
+                // Fences any zombie owner of this task and aborts its open transaction, so
+                // the changelog's committed end is known before restoring.
+                p.init_transactions(Duration::from_secs(60))
+                    .map_err(kafka(format!("initializing transactions of {txn_id}")))?;
+                p
+            }
+        };
+        let sub = &cfg.topology.subtopologies[*i];
+        let collector = Collector::new(producer, counts.clone());
+        tasks.push(Task::new(
+            cfg,
+            sub,
+            id.partition,
+            &resources,
+            collector,
+            cache_share,
+            metrics.clone(),
+        )?);
+    }
+
+    let restored = restore::restore(cfg, &mut tasks, &resources, &metrics, &status.shutdown)?;
+    if let Ok(mut r) = status.restored.lock() {
+        *r = restored;
+    }
+
+    // Resume each input partition where the last commit left it.
+    let mut tpl = TopicPartitionList::new();
+    for t in &tasks {
+        tpl.add_partition(&t.input_topic, t.id.partition);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(30))
+        .map_err(kafka("reading committed offsets"))?;
+    let mut assignment = TopicPartitionList::new();
+    for e in committed.elements() {
+        let offset = match e.offset() {
+            Offset::Offset(o) => Offset::Offset(o),
+            _ => Offset::Beginning,
+        };
+        assignment
+            .add_partition_offset(e.topic(), e.partition(), offset)
+            .map_err(kafka("building the assignment"))?;
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(kafka("assigning input partitions"))?;
+    for t in &mut tasks {
+        if cfg.exactly_once() {
+            t.collector
+                .producer
+                .begin_transaction()
+                .map_err(kafka(format!("beginning a transaction for task {}", t.id)))?;
+        }
+        t.transition(TaskState::Running);
+    }
+    status.ready.store(true, Ordering::Relaxed);
+    tracing::info!(tasks = tasks.len(), "all tasks running");
+
+    let route = Router::new(&tasks);
+    let mut next_commit = Instant::now() + cfg.commit_interval;
+    let result = (|| -> Result<(), RuntimeError> {
+        while !status.shutdown.load(Ordering::Relaxed) {
+            // Bounded batches keep the commit timer honest under a full input.
+            for _ in 0..2000 {
+                let Some(m) = consumer.poll(Duration::from_millis(50)) else {
+                    break;
+                };
+                let m = m.map_err(kafka("consuming"))?;
+                let Some(ti) = route.task(m.topic(), m.partition()) else {
+                    continue;
+                };
+                let origin = Origin {
+                    topic: m.topic(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key(),
+                    value: m.payload(),
+                };
+                tasks[ti].process(&origin, m.timestamp().to_millis().unwrap_or(-1))?;
+                if Instant::now() >= next_commit {
+                    break;
+                }
+            }
+            if Instant::now() >= next_commit {
+                commit(cfg, &consumer, &mut tasks, &metrics)?;
+                next_commit = Instant::now() + cfg.commit_interval;
+            }
+        }
+        commit(cfg, &consumer, &mut tasks, &metrics)
+    })();
+    status.ready.store(false, Ordering::Relaxed);
+    match result {
+        Ok(()) => {
+            for t in &mut tasks {
+                t.close()?;
+            }
+            tracing::info!("all tasks committed and closed");
+            Ok(())
+        }
+        Err(e) => {
+            // Nothing after the last commit is kept: aborted transactions (exactly-once) or
+            // uncommitted offsets (at-least-once) make the next run redo it.
+            if cfg.exactly_once() {
+                for t in &tasks {
+                    let _ = t
+                        .collector
+                        .producer
+                        .abort_transaction(Duration::from_secs(10));
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Commit every task that processed something since the last commit.
+fn commit(
+    cfg: &WorkerConfig,
+    consumer: &BaseConsumer<LagReporter>,
+    tasks: &mut [Task],
+    metrics: &Metrics,
+) -> Result<(), RuntimeError> {
+    let started = Instant::now();
+    let dirty: Vec<usize> = (0..tasks.len())
+        .filter(|&i| {
+            tasks[i].next_offset.is_some() || tasks[i].stores().iter().any(|s| s.bytes() > 0)
+        })
+        .collect();
+    if dirty.is_empty() {
+        return Ok(());
+    }
+    for &i in &dirty {
+        tasks[i].flush()?;
+    }
+    if cfg.exactly_once() {
+        let group = consumer
+            .group_metadata()
+            .ok_or_else(|| RuntimeError::Delivery("the consumer has no group metadata".into()))?;
+        for &i in &dirty {
+            let t = &tasks[i];
+            let p = &t.collector.producer;
+            if let Some(o) = t.next_offset {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(&t.input_topic, t.id.partition, Offset::Offset(o))
+                    .map_err(kafka("building offsets"))?;
+                p.send_offsets_to_transaction(&tpl, &group, Duration::from_secs(30))
+                    .map_err(kafka(format!("sending offsets of task {}", t.id)))?;
+            }
+            p.commit_transaction(Duration::from_secs(60))
+                .map_err(kafka(format!(
+                    "committing the transaction of task {}",
+                    t.id
+                )))?;
+            p.begin_transaction()
+                .map_err(kafka(format!("beginning a transaction for task {}", t.id)))?;
+        }
+    } else {
+        if let Some(t) = tasks.first() {
+            t.collector
+                .producer
+                .flush(Duration::from_secs(60))
+                .map_err(kafka("waiting for deliveries"))?;
+            if let Some(e) = t.collector.take_error() {
+                return Err(RuntimeError::Delivery(e));
+            }
+        }
+        let mut tpl = TopicPartitionList::new();
+        for &i in &dirty {
+            if let Some(o) = tasks[i].next_offset {
+                tpl.add_partition_offset(
+                    &tasks[i].input_topic,
+                    tasks[i].id.partition,
+                    Offset::Offset(o),
+                )
+                .map_err(kafka("building offsets"))?;
+            }
+        }
+        if tpl.count() > 0 {
+            consumer
+                .commit(&tpl, CommitMode::Sync)
+                .map_err(kafka("committing offsets"))?;
+        }
+    }
+    for &i in &dirty {
+        tasks[i].write_committed()?;
+    }
+    metrics.commits.inc();
+    metrics
+        .commit_seconds
+        .observe(started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Maps an input (topic, partition) to the task that owns it.
+struct Router {
+    topics: Vec<(String, HashMap<i32, usize>)>,
+}
+
+impl Router {
+    fn new(tasks: &[Task]) -> Self {
+        let mut topics: Vec<(String, HashMap<i32, usize>)> = Vec::new();
+        for (i, t) in tasks.iter().enumerate() {
+            match topics.iter_mut().find(|(n, _)| *n == t.input_topic) {
+                Some((_, m)) => {
+                    m.insert(t.id.partition, i);
+                }
+                None => topics.push((t.input_topic.clone(), HashMap::from([(t.id.partition, i)]))),
+            }
+        }
+        Self { topics }
+    }
+
+    fn task(&self, topic: &str, partition: i32) -> Option<usize> {
+        self.topics
+            .iter()
+            .find(|(n, _)| n == topic)
+            .and_then(|(_, m)| m.get(&partition).copied())
+    }
+}

@@ -1,0 +1,400 @@
+//! A stream task: one partition of one sub-topology, with its processors, its shard of each
+//! store and the record cache in front of them. The task processes input records, flushes
+//! its cache to the changelog, and after the Kafka side of a commit succeeded writes the
+//! flushed state to its store together with the changelog offsets reached.
+
+use crate::cache::{Backend, Changes, StoreState};
+use crate::collector::{Collector, Slot, dead_letter_headers};
+use crate::config::WorkerConfig;
+use crate::metrics::{Metrics, OutcomeLabels, StoreLabels, TaskLabels, TaskStateLabel};
+use crate::processor::{Context, ProcessError, Processor};
+use crate::record::{Data, Origin, Record};
+use crate::store::{Change, MemoryStore, StateResources, StoreError, TaskDb};
+use crate::topology::SubTopology;
+use eddy_crds::{OnError, TaskId, topics};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskState {
+    Created,
+    Restoring,
+    Running,
+    Suspended,
+    Closed,
+}
+
+impl TaskState {
+    pub fn label(self) -> TaskStateLabel {
+        match self {
+            TaskState::Created => TaskStateLabel::CREATED,
+            TaskState::Restoring => TaskStateLabel::RESTORING,
+            TaskState::Running => TaskStateLabel::RUNNING,
+            TaskState::Suspended => TaskStateLabel::SUSPENDED,
+            TaskState::Closed => TaskStateLabel::CLOSED,
+        }
+    }
+}
+
+/// Why a task stopped the worker.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error(
+        "task {task}: record {topic}[{partition}]@{offset}: {reason} (onError: fail stops here; use skip or deadLetter to go on)"
+    )]
+    BadRecord {
+        task: TaskId,
+        topic: String,
+        partition: i32,
+        offset: i64,
+        reason: String,
+    },
+    #[error("task {task}: {source}")]
+    Process {
+        task: TaskId,
+        #[source]
+        source: ProcessError,
+    },
+    #[error("task {task}: {source}")]
+    Store {
+        task: TaskId,
+        #[source]
+        source: StoreError,
+    },
+}
+
+pub struct Task {
+    pub id: TaskId,
+    pub input_topic: String,
+    key_format: eddy_crds::Format,
+    value_format: eddy_crds::Format,
+    pub state: TaskState,
+    processors: Vec<Box<dyn Processor>>,
+    pub(crate) stores: Vec<StoreState>,
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) db: Option<TaskDb>,
+    pub collector: Collector,
+    /// Next input offset to commit, once something was processed since the last commit.
+    pub next_offset: Option<i64>,
+    cache_share: usize,
+    on_error: OnError,
+    dead_letter_topic: String,
+    metrics: Arc<Metrics>,
+    labels: TaskLabels,
+}
+
+impl Task {
+    pub fn new(
+        cfg: &WorkerConfig,
+        sub: &SubTopology,
+        partition: i32,
+        resources: &StateResources,
+        collector: Collector,
+        cache_share: usize,
+        metrics: Arc<Metrics>,
+    ) -> Result<Task, TaskError> {
+        let id = TaskId::new(sub.id, partition);
+        let persistent: Vec<String> = sub
+            .stores
+            .iter()
+            .filter(|s| !s.in_memory)
+            .map(|s| s.name.clone())
+            .collect();
+        let db = if persistent.is_empty() {
+            None
+        } else {
+            Some(
+                TaskDb::open(resources, &cfg.task_dir(id), &persistent)
+                    .map_err(|source| TaskError::Store { task: id, source })?,
+            )
+        };
+        let stores = sub
+            .stores
+            .iter()
+            .map(|d| {
+                let backend = if d.in_memory {
+                    Backend::Memory(MemoryStore::default())
+                } else {
+                    Backend::Rocks
+                };
+                let mut s = StoreState::new(
+                    &d.name,
+                    topics::changelog(&cfg.application_id, &d.name),
+                    backend,
+                    d.key_format,
+                    d.value_format,
+                );
+                s.forward_to = d.forward_to;
+                s
+            })
+            .collect::<Vec<_>>();
+        let slots = stores.iter().map(|_| collector.track()).collect();
+        let task = Task {
+            id,
+            input_topic: sub.source.topic.clone(),
+            key_format: sub.source.key_format,
+            value_format: sub.source.value_format,
+            state: TaskState::Created,
+            processors: sub.processors.iter().map(|p| p()).collect(),
+            stores,
+            slots,
+            db,
+            collector,
+            next_offset: None,
+            cache_share,
+            on_error: cfg.on_error,
+            dead_letter_topic: topics::dead_letter(&cfg.application_id),
+            labels: TaskLabels {
+                task: id.to_string(),
+            },
+            metrics,
+        };
+        task.set_state(TaskState::Created);
+        Ok(task)
+    }
+
+    pub fn set_state(&self, state: TaskState) {
+        self.metrics
+            .set_task_state(&self.labels.task, state.label());
+    }
+
+    pub fn transition(&mut self, state: TaskState) {
+        self.state = state;
+        self.set_state(state);
+    }
+
+    /// Process one input record; bad records follow `onError`.
+    pub fn process(&mut self, origin: &Origin<'_>, timestamp: i64) -> Result<(), TaskError> {
+        let (kf, vf) = (self.key_format, self.value_format);
+        let record = Record {
+            key: origin.key.map(|k| Data::raw(k, kf)),
+            value: origin.value.map(|v| Data::raw(v, vf)),
+            timestamp,
+        };
+        let result = self.run(0, record);
+        self.handle(result, origin)?;
+        self.next_offset = Some(origin.offset + 1);
+        self.metrics
+            .records_processed
+            .get_or_create(&self.labels)
+            .inc();
+        if self.stores.iter().map(StoreState::bytes).sum::<usize>() > self.cache_share {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Pass a record through the processors from `start` on.
+    fn run(&mut self, start: usize, record: Record) -> Result<(), ProcessError> {
+        let mut cur = vec![record];
+        for p in self.processors.iter_mut().skip(start) {
+            let mut next = Vec::new();
+            for r in cur.drain(..) {
+                let mut ctx = Context {
+                    stores: &mut self.stores,
+                    db: self.db.as_ref(),
+                    sink: &mut self.collector,
+                    out: &mut next,
+                };
+                p.process(r, &mut ctx)?;
+            }
+            if next.is_empty() {
+                return Ok(());
+            }
+            cur = next;
+        }
+        Ok(())
+    }
+
+    fn handle(
+        &mut self,
+        result: Result<(), ProcessError>,
+        origin: &Origin<'_>,
+    ) -> Result<(), TaskError> {
+        let reason = match result {
+            Ok(()) => return Ok(()),
+            Err(ProcessError::BadRecord(reason)) => reason,
+            Err(ProcessError::Skip(reason)) => {
+                tracing::debug!(task = %self.id, topic = origin.topic, partition = origin.partition, offset = origin.offset, %reason, "record dropped");
+                self.count_outcome("dropped");
+                return Ok(());
+            }
+            Err(source) => {
+                return Err(TaskError::Process {
+                    task: self.id,
+                    source,
+                });
+            }
+        };
+        match self.on_error {
+            OnError::Fail => Err(TaskError::BadRecord {
+                task: self.id,
+                topic: origin.topic.to_string(),
+                partition: origin.partition,
+                offset: origin.offset,
+                reason,
+            }),
+            OnError::Skip => {
+                tracing::warn!(task = %self.id, topic = origin.topic, partition = origin.partition, offset = origin.offset, %reason, "record skipped");
+                self.count_outcome("skip");
+                Ok(())
+            }
+            OnError::DeadLetter => {
+                let headers =
+                    dead_letter_headers(&reason, origin.topic, origin.partition, origin.offset);
+                self.collector
+                    .send_raw(
+                        &self.dead_letter_topic,
+                        0,
+                        origin.key,
+                        origin.value,
+                        -1,
+                        Some(headers),
+                        None,
+                    )
+                    .map_err(|source| TaskError::Process {
+                        task: self.id,
+                        source,
+                    })?;
+                tracing::warn!(task = %self.id, topic = origin.topic, partition = origin.partition, offset = origin.offset, %reason, "record dead-lettered");
+                self.count_outcome("dead_letter");
+                Ok(())
+            }
+        }
+    }
+
+    fn count_outcome(&self, outcome: &str) {
+        self.metrics
+            .bad_records
+            .get_or_create(&OutcomeLabels {
+                task: self.labels.task.clone(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// Send dirty cache entries to the changelog and forward them downstream. Stores fed by
+    /// an earlier store's updates come later in the list, so one pass in order is enough;
+    /// the loop guards against custom topologies that feed backwards.
+    pub fn flush(&mut self) -> Result<(), TaskError> {
+        while self.stores.iter().any(StoreState::has_dirty) {
+            for i in 0..self.stores.len() {
+                let dirty = self.stores[i].take_dirty();
+                let (kf, vf, fwd) = {
+                    let s = &self.stores[i];
+                    (s.key_format, s.value_format, s.forward_to)
+                };
+                for d in dirty {
+                    let s = &self.stores[i];
+                    self.collector
+                        .send_raw(
+                            &s.changelog,
+                            self.id.partition,
+                            Some(&d.key),
+                            d.value.as_deref(),
+                            d.timestamp,
+                            None,
+                            Some(&self.slots[i]),
+                        )
+                        .map_err(|source| TaskError::Process {
+                            task: self.id,
+                            source,
+                        })?;
+                    if let Some(f) = fwd {
+                        let name = self.stores[i].name.clone();
+                        let origin = Origin {
+                            topic: &name,
+                            partition: self.id.partition,
+                            offset: -1,
+                            key: Some(&d.key),
+                            value: d.value.as_deref(),
+                        };
+                        let record = Record {
+                            key: Some(Data::raw(&d.key, kf)),
+                            value: d.value.as_deref().map(|v| Data::raw(v, vf)),
+                            timestamp: d.timestamp,
+                        };
+                        let result = self.run(f, record);
+                        self.handle(result, &origin)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After the Kafka side of the commit succeeded: write what was flushed to the store, in
+    /// one batch with the changelog offsets reached, so the store only ever holds committed
+    /// state and knows exactly where its changelog tail starts.
+    pub fn write_committed(&mut self) -> Result<(), TaskError> {
+        let mut batch: Vec<(String, Changes, Option<i64>)> = Vec::new();
+        for (s, slot) in self.stores.iter_mut().zip(&self.slots) {
+            let changes = s.take_committed();
+            let checkpoint = Some(slot.delivered()).filter(|o| *o >= 0);
+            if s.is_in_memory() {
+                s.apply_in_memory(&changes, checkpoint);
+            } else {
+                batch.push((s.name.clone(), changes, checkpoint));
+            }
+            let hits = std::mem::take(&mut s.hits);
+            let misses = std::mem::take(&mut s.misses);
+            let l = StoreLabels {
+                task: self.labels.task.clone(),
+                store: s.name.clone(),
+            };
+            self.metrics.cache_hits.get_or_create(&l).inc_by(hits);
+            self.metrics.cache_misses.get_or_create(&l).inc_by(misses);
+        }
+        if let Some(db) = &self.db {
+            let changes = batch.iter().flat_map(|(store, changes, _)| {
+                changes.iter().map(move |(k, v)| {
+                    (
+                        store.as_str(),
+                        Change {
+                            key: k,
+                            value: v.as_deref(),
+                        },
+                    )
+                })
+            });
+            let checkpoints = batch
+                .iter()
+                .filter_map(|(store, _, c)| c.map(|c| (store.as_str(), c)));
+            db.write(changes, checkpoints)
+                .map_err(|source| TaskError::Store {
+                    task: self.id,
+                    source,
+                })?;
+            for (store, _, _) in &batch {
+                let (keys, bytes) = db.size(store);
+                let l = StoreLabels {
+                    task: self.labels.task.clone(),
+                    store: store.clone(),
+                };
+                self.metrics.store_keys.get_or_create(&l).set(keys as i64);
+                self.metrics.store_bytes.get_or_create(&l).set(bytes as i64);
+            }
+        }
+        self.next_offset = None;
+        Ok(())
+    }
+
+    /// Flush the store to disk and mark the task closed (clean shutdown or hand-off).
+    pub fn close(&mut self) -> Result<(), TaskError> {
+        if let Some(db) = &self.db {
+            db.flush().map_err(|source| TaskError::Store {
+                task: self.id,
+                source,
+            })?;
+        }
+        self.transition(TaskState::Closed);
+        Ok(())
+    }
+
+    pub fn db(&self) -> Option<&TaskDb> {
+        self.db.as_ref()
+    }
+
+    pub fn stores(&self) -> &[StoreState] {
+        &self.stores
+    }
+}
