@@ -92,6 +92,11 @@ pub struct MemorySpec {
     /// cache, the rest for RocksDB's shared block cache, which also accounts memtables.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<String>,
+    /// Bytes of the record cache out of the budget (default a quarter). `0` turns caching
+    /// off: every update goes to the changelog and downstream at once (Kafka Streams'
+    /// `statestore.cache.max.bytes=0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_cache: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -124,13 +124,37 @@ pub fn partition_count(topic: &str) -> Result<i32> {
     }))
 }
 
-/// Remove all records of a partition before `offset` (Kafka's DeleteRecords).
+/// Set a topic config (replaces the topic's other dynamic configs).
+pub fn set_topic_config(topic: &str, key: &str, value: &str) -> Result<()> {
+    use rdkafka::admin::{AlterConfig, ResourceSpecifier};
+    let admin: AdminClient<DefaultClientContext> = client(&[])?.create()?;
+    let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+    for r in block_on(admin.alter_configs(&[change], &AdminOptions::new()))?? {
+        r.map_err(|(res, e)| anyhow::anyhow!("altering {res:?}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Remove all records of a partition before `offset` (Kafka's DeleteRecords; the broker only
+/// allows it on topics whose cleanup.policy includes `delete`).
 pub fn delete_records(topic: &str, partition: i32, offset: i64) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = client(&[])?.create()?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
-    block_on(admin.delete_records(&tpl, &AdminOptions::new()))??;
-    Ok(())
+    let res = block_on(admin.delete_records(&tpl, &AdminOptions::new()))??;
+    for e in res.elements() {
+        if let Err(err) = e.error() {
+            bail!("deleting records of {topic}[{partition}] before {offset}: {err}");
+        }
+    }
+    let c: BaseConsumer = client(&[])?.create()?;
+    wait_until(Duration::from_secs(30), || {
+        Ok(
+            c.fetch_watermarks(topic, partition, Duration::from_secs(10))?
+                .0
+                >= offset,
+        )
+    })
 }
 
 /// A record to produce: optional key and value bytes.

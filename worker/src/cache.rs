@@ -29,6 +29,8 @@ pub struct StoreState {
     pub key_format: Format,
     pub value_format: Format,
     entries: HashMap<Vec<u8>, Entry>,
+    /// Keys that turned dirty since the last flush, so a flush never scans clean entries.
+    dirty: Vec<Vec<u8>>,
     bytes: usize,
     pub hits: u64,
     pub misses: u64,
@@ -62,6 +64,7 @@ impl StoreState {
             key_format,
             value_format,
             entries: HashMap::new(),
+            dirty: Vec::new(),
             bytes: 0,
             hits: 0,
             misses: 0,
@@ -89,11 +92,15 @@ impl StoreState {
             Some(e) => {
                 self.bytes = self.bytes + add - e.value.as_ref().map_or(0, Vec::len);
                 e.value = value;
+                if !e.dirty {
+                    self.dirty.push(key.to_vec());
+                }
                 e.dirty = true;
                 e.timestamp = timestamp;
             }
             None => {
                 self.bytes += key.len() + add + ENTRY_OVERHEAD;
+                self.dirty.push(key.to_vec());
                 self.entries.insert(
                     key.to_vec(),
                     Entry {
@@ -112,19 +119,22 @@ impl StoreState {
     }
 
     pub fn has_dirty(&self) -> bool {
-        self.entries.values().any(|e| e.dirty)
+        !self.dirty.is_empty()
     }
 
-    /// Take the dirty entries, marking them clean; they stay readable until [`Self::commit`].
+    /// Take the dirty entries, marking them clean; they stay readable until
+    /// [`Self::take_committed`].
     pub fn take_dirty(&mut self) -> Vec<Dirty> {
-        let mut out = Vec::new();
-        for (k, e) in self.entries.iter_mut().filter(|(_, e)| e.dirty) {
-            e.dirty = false;
-            out.push(Dirty {
-                key: k.clone(),
-                value: e.value.clone(),
-                timestamp: e.timestamp,
-            });
+        let mut out = Vec::with_capacity(self.dirty.len());
+        for key in std::mem::take(&mut self.dirty) {
+            if let Some(e) = self.entries.get_mut(&key) {
+                e.dirty = false;
+                out.push(Dirty {
+                    value: e.value.clone(),
+                    timestamp: e.timestamp,
+                    key,
+                });
+            }
         }
         out
     }
@@ -132,6 +142,7 @@ impl StoreState {
     /// Everything flushed since the last commit, to write to the store; empties the cache.
     pub fn take_committed(&mut self) -> Changes {
         self.bytes = 0;
+        self.dirty.clear();
         self.entries.drain().map(|(k, e)| (k, e.value)).collect()
     }
 

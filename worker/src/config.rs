@@ -116,6 +116,22 @@ impl WorkerConfig {
                 message: format!("{budget} bytes is too small: give at least 16Mi"),
             });
         }
+        let record_cache_bytes = match spec.memory.as_ref().and_then(|m| m.record_cache.as_deref())
+        {
+            Some(q) => parse_quantity(q).map_err(|message| ConfigError::Invalid {
+                field: "memory.recordCache",
+                message,
+            })?,
+            None => budget / 4,
+        };
+        if record_cache_bytes > budget / 2 {
+            return Err(ConfigError::Invalid {
+                field: "memory.recordCache",
+                message: format!(
+                    "{record_cache_bytes} bytes is more than half of memory.budget ({budget}): raise the budget or lower the cache"
+                ),
+            });
+        }
         let topology = Topology::from_spec(&application_id, &spec).map_err(|source| {
             ConfigError::Topology {
                 path: path.to_path_buf(),
@@ -134,8 +150,8 @@ impl WorkerConfig {
             on_error: spec.on_error,
             guarantee,
             commit_interval,
-            record_cache_bytes: budget / 4,
-            rocksdb_bytes: budget - budget / 4,
+            record_cache_bytes,
+            rocksdb_bytes: budget - record_cache_bytes,
             topology,
             spec,
         })

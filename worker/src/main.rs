@@ -59,6 +59,7 @@ fn main() -> std::process::ExitCode {
             }),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match real_main() {
         Ok(()) => std::process::ExitCode::SUCCESS,

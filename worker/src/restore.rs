@@ -9,10 +9,11 @@ use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, StoreLabels, TaskLabels};
 use crate::store::{self, Change, StateResources, StoreError, TaskDb};
 use crate::task::{Task, TaskState};
+use rdkafka::consumer::ConsumerContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -34,6 +35,18 @@ pub enum RestoreError {
     #[error("interrupted by shutdown")]
     Interrupted,
 }
+
+/// Reaching the end of a changelog is how restore knows it is done, not an error to log.
+struct RestoreContext;
+
+impl ClientContext for RestoreContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            tracing::error!("librdkafka: {error}: {reason}");
+        }
+    }
+}
+impl ConsumerContext for RestoreContext {}
 
 /// Records restored, per task id and store, for logs and tests.
 pub type Restored = HashMap<(String, String), u64>;
@@ -66,7 +79,7 @@ pub fn restore(
             topic: changelog.clone(),
             source,
         };
-        let consumer: BaseConsumer = cfg
+        let consumer: BaseConsumer<RestoreContext> = cfg
             .client_config()
             .set("group.id", format!("{}-restore", cfg.application_id))
             .set("enable.auto.commit", "false")
@@ -76,7 +89,7 @@ pub fn restore(
             .set("fetch.max.bytes", "52428800")
             .set("max.partition.fetch.bytes", "10485760")
             .set("queued.max.messages.kbytes", "65536")
-            .create()
+            .create_with_context(RestoreContext)
             .map_err(kafka)?;
         // partition → (task index, store index, high watermark)
         let mut targets: HashMap<i32, (usize, usize, i64)> = HashMap::new();

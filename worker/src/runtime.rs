@@ -114,7 +114,7 @@ pub fn run(
         .enumerate()
         .flat_map(|(i, s)| (0..counts[&s.source.topic]).map(move |p| (i, TaskId::new(s.id, p))))
         .collect();
-    let cache_share = (cfg.record_cache_bytes / ids.len().max(1)).max(64 << 10);
+    let cache_share = cfg.record_cache_bytes / ids.len().max(1);
     let shared = if cfg.exactly_once() {
         None
     } else {
@@ -207,6 +207,9 @@ pub fn run(
                     value: m.payload(),
                 };
                 tasks[ti].process(&origin, m.timestamp().to_millis().unwrap_or(-1))?;
+                if tasks[ti].wants_commit() {
+                    next_commit = Instant::now();
+                }
                 if Instant::now() >= next_commit {
                     break;
                 }

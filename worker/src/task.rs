@@ -177,10 +177,20 @@ impl Task {
             .records_processed
             .get_or_create(&self.labels)
             .inc();
-        if self.stores.iter().map(StoreState::bytes).sum::<usize>() > self.cache_share {
+        if self.cache_bytes() > self.cache_share && self.stores.iter().any(StoreState::has_dirty) {
             self.flush()?;
         }
         Ok(())
+    }
+
+    fn cache_bytes(&self) -> usize {
+        self.stores.iter().map(StoreState::bytes).sum()
+    }
+
+    /// Flushed-but-uncommitted state is held in memory until the commit writes it to the
+    /// store: past twice the cache share (at least 4 MiB) commit early to keep memory bounded.
+    pub fn wants_commit(&self) -> bool {
+        self.cache_bytes() > (2 * self.cache_share).max(4 << 20)
     }
 
     /// Pass a record through the processors from `start` on.
