@@ -289,19 +289,18 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> Result<bool>) -> 
 
 /// Path of a binary of the workspace, built next to the test executable.
 pub fn binary(name: &str) -> Result<PathBuf> {
+    // Tests run from target/<profile>/deps/, binaries from target/<profile>/.
     let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test executable has no parent dir")?;
-    let p = dir.join(name);
-    if !p.exists() {
-        bail!(
-            "{} not found: build it first with `cargo build --release --workspace --bins`",
-            p.display()
-        );
-    }
-    Ok(p)
+    let dir = exe.parent().context("executable has no parent dir")?;
+    [dir.join(name), dir.parent().unwrap_or(dir).join(name)]
+        .into_iter()
+        .find(|p| p.exists())
+        .with_context(|| {
+            format!(
+                "{name} not found next to {}: build it first with `cargo build --release --workspace --bins`",
+                exe.display()
+            )
+        })
 }
 
 fn free_port() -> Result<u16> {
@@ -341,6 +340,11 @@ impl Worker {
             http,
             log,
         })
+    }
+
+    /// Process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn logs(&self) -> String {

@@ -120,21 +120,38 @@ pub fn run(
     } else {
         Some(collector::producer(cfg, None).map_err(kafka("creating the producer"))?)
     };
+    // Under exactly-once each task has its own transactional producer; initializing one
+    // fences any zombie owner of the task and aborts its open transaction (so the
+    // changelog's committed end is known before restoring). Done in parallel: each is a few
+    // round trips to the transaction coordinator.
+    let producers: Vec<Arc<collector::Producer>> = match &shared {
+        Some(p) => ids.iter().map(|_| p.clone()).collect(),
+        None => std::thread::scope(|scope| {
+            let handles: Vec<_> = ids
+                .iter()
+                .map(|(_, id)| {
+                    scope.spawn(move || {
+                        let txn_id = format!("{}-{}", cfg.application_id, id);
+                        let p = collector::producer(cfg, Some(&txn_id))
+                            .map_err(kafka(format!("producer {txn_id}")))?;
+                        p.init_transactions(Duration::from_secs(60))
+                            .map_err(kafka(format!("initializing transactions of {txn_id}")))?;
+                        Ok(p)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(RuntimeError::Delivery("a producer thread panicked".into()))
+                    })
+                })
+                .collect::<Result<Vec<_>, RuntimeError>>()
+        })?,
+    };
     let mut tasks = Vec::with_capacity(ids.len());
-    for (i, id) in &ids {
-        let producer = match &shared {
-            Some(p) => p.clone(),
-            None => {
-                let txn_id = format!("{}-{}", cfg.application_id, id);
-                let p = collector::producer(cfg, Some(&txn_id))
-                    .map_err(kafka(format!("producer {txn_id}")))?;
-                // Fences any zombie owner of this task and aborts its open transaction, so
-                // the changelog's committed end is known before restoring.
-                p.init_transactions(Duration::from_secs(60))
-                    .map_err(kafka(format!("initializing transactions of {txn_id}")))?;
-                p
-            }
-        };
+    for ((i, id), producer) in ids.iter().zip(producers) {
         let sub = &cfg.topology.subtopologies[*i];
         let collector = Collector::new(producer, counts.clone());
         tasks.push(Task::new(
@@ -269,24 +286,38 @@ fn commit(
         let group = consumer
             .group_metadata()
             .ok_or_else(|| RuntimeError::Delivery("the consumer has no group metadata".into()))?;
-        for &i in &dirty {
-            let t = &tasks[i];
-            let p = &t.collector.producer;
-            if let Some(o) = t.next_offset {
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition_offset(&t.input_topic, t.id.partition, Offset::Offset(o))
-                    .map_err(kafka("building offsets"))?;
-                p.send_offsets_to_transaction(&tpl, &group, Duration::from_secs(30))
-                    .map_err(kafka(format!("sending offsets of task {}", t.id)))?;
-            }
-            p.commit_transaction(Duration::from_secs(60))
-                .map_err(kafka(format!(
-                    "committing the transaction of task {}",
-                    t.id
-                )))?;
-            p.begin_transaction()
-                .map_err(kafka(format!("beginning a transaction for task {}", t.id)))?;
-        }
+        // Each task commits its own transaction; they are independent, so commit them in
+        // parallel: a commit is a few broker round trips, mostly waiting.
+        let jobs: Vec<_> = dirty
+            .iter()
+            .map(|&i| {
+                let t = &tasks[i];
+                (
+                    t.id,
+                    t.collector.producer.clone(),
+                    t.input_topic.clone(),
+                    t.next_offset,
+                )
+            })
+            .collect();
+        let group = &group;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = jobs
+                .chunks(jobs.len().div_ceil(COMMIT_THREADS))
+                .map(|chunk| {
+                    scope.spawn(move || {
+                        chunk
+                            .iter()
+                            .try_for_each(|job| commit_transaction(job, group))
+                    })
+                })
+                .collect();
+            handles.into_iter().try_for_each(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(RuntimeError::Delivery("a commit thread panicked".into()))
+                })
+            })
+        })?;
     } else {
         if let Some(t) = tasks.first() {
             t.collector
@@ -322,6 +353,29 @@ fn commit(
         .commit_seconds
         .observe(started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Threads committing transactions at once under exactly-once.
+const COMMIT_THREADS: usize = 8;
+
+type TxnJob = (TaskId, Arc<collector::Producer>, String, Option<i64>);
+
+/// Commit one task's transaction, with its input offset, and open the next one.
+fn commit_transaction(
+    (id, p, topic, offset): &TxnJob,
+    group: &rdkafka::consumer::ConsumerGroupMetadata,
+) -> Result<(), RuntimeError> {
+    if let Some(o) = offset {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, id.partition, Offset::Offset(*o))
+            .map_err(kafka("building offsets"))?;
+        p.send_offsets_to_transaction(&tpl, group, Duration::from_secs(30))
+            .map_err(kafka(format!("sending offsets of task {id}")))?;
+    }
+    p.commit_transaction(Duration::from_secs(60))
+        .map_err(kafka(format!("committing the transaction of task {id}")))?;
+    p.begin_transaction()
+        .map_err(kafka(format!("beginning a transaction for task {id}")))
 }
 
 /// Maps an input (topic, partition) to the task that owns it.

@@ -1,0 +1,514 @@
+#!/usr/bin/env bash
+# A real, node-less Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager)
+# as local processes on 127.0.0.1, for eddy's end-to-end tests of the operator and its chart.
+#
+#   cluster.sh start [--name NAME]       start (or reuse) it; prints the kubeconfig path last
+#   cluster.sh stop [--name NAME]        stop it and remove its run dir (idempotent)
+#   cluster.sh kubeconfig [--name NAME]  print the kubeconfig path, exit 1 if not running
+#   cluster.sh status [--name NAME]      say what runs; exit 0 if the cluster is up and ready
+#   cluster.sh bin                       print the dir holding kubectl, helm, etcd, ... (builds if needed)
+#
+# Binaries are built from Go modules (build/) and cached in
+# ${EDDY_CACHE:-$HOME/.cache/eddy}/k8s/<version>/bin. Run state (certs, etcd data, logs,
+# kubeconfig, env) lives in ${EDDY_RUN:-$HOME/.cache/eddy/run}/k8s-<NAME>. See README.md.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+RUN_ROOT="${EDDY_RUN:-$HOME/.cache/eddy/run}"
+START_TIMEOUT="${EDDY_K8S_START_TIMEOUT:-180}" # seconds, after the binaries are built
+STOP_TIMEOUT="${EDDY_K8S_STOP_TIMEOUT:-15}"    # seconds before SIGKILL
+# '*' is every controller that is on by default (statefulset, replicaset, deployment, job,
+# garbage-collector, namespace, serviceaccount, disruption, persistentvolume-binder,
+# node-lifecycle, ...). EDDY_K8S_CONTROLLERS='*,-node-lifecycle-controller' turns one off.
+CONTROLLERS="${EDDY_K8S_CONTROLLERS:-*}"
+SERVICE_CIDR="10.96.0.0/16"
+SERVICE_IP="10.96.0.1" # first address of SERVICE_CIDR: the 'kubernetes' Service
+# Ports are drawn from the same range and under the same lock as e2e/kafka/kafka.sh: below
+# Linux's and macOS's ephemeral ranges, so outgoing client sockets never take them.
+PORT_MIN="${EDDY_K8S_PORT_MIN:-20000}"
+PORT_MAX="${EDDY_K8S_PORT_MAX:-32000}"
+COMPONENTS=(etcd kube-apiserver kube-controller-manager) # start order; stopped in reverse
+
+log() { printf 'cluster.sh: %s\n' "$*" >&2; }
+die() {
+  printf 'cluster.sh: error: %s\n' "$*" >&2
+  exit 1
+}
+
+usage() {
+  cat >&2 <<EOF
+usage: cluster.sh start [--name NAME]
+       cluster.sh stop [--name NAME]
+       cluster.sh kubeconfig [--name NAME]
+       cluster.sh status [--name NAME]
+       cluster.sh bin
+
+A local Kubernetes control plane (etcd, kube-apiserver with RBAC, kube-controller-manager;
+no nodes, no kubelet) on 127.0.0.1. NAME defaults to 'default'.
+
+environment: EDDY_CACHE (binary cache root, default ~/.cache/eddy), EDDY_RUN (run dirs,
+default ~/.cache/eddy/run), EDDY_K8S_START_TIMEOUT (s, default 180), EDDY_K8S_STOP_TIMEOUT
+(s, default 15), EDDY_K8S_CONTROLLERS (default '*'), EDDY_K8S_BUILD_JOBS (go build -p).
+EOF
+}
+
+# ---------------------------------------------------------------------------- locking
+# lock FD FILE: flock(1) where available (util-linux), else a mkdir lock holding our pid.
+
+MKDIR_LOCKS=()
+
+lock() {
+  local fd="$1" file="$2"
+  mkdir -p "$(dirname "$file")"
+  if command -v flock >/dev/null 2>&1; then
+    eval "exec $fd>>\"\$file\""
+    flock -w 900 "$fd" || die "timed out waiting for lock $file"
+    return 0
+  fi
+  local dir="$file.d" waited=0 holder
+  until mkdir "$dir" 2>/dev/null; do
+    holder="$(cat "$dir/pid" 2>/dev/null || true)"
+    if [[ -n $holder ]] && ! kill -0 "$holder" 2>/dev/null; then
+      rm -rf "$dir" # stale: its holder is gone
+      continue
+    fi
+    sleep 0.2
+    waited=$((waited + 1))
+    ((waited < 4500)) || die "timed out waiting for lock $dir (remove it if no cluster.sh is running)"
+  done
+  echo "$$" >"$dir/pid"
+  MKDIR_LOCKS+=("$dir")
+  trap 'rm -rf "${MKDIR_LOCKS[@]}"' EXIT
+}
+
+unlock() {
+  local fd="$1" file="$2"
+  if command -v flock >/dev/null 2>&1; then
+    eval "exec $fd>&-"
+  else
+    rm -rf "$file.d"
+  fi
+}
+
+# ---------------------------------------------------------------------------- tools
+
+need_cmd() { # CMD APT_PACKAGE: install the package from apt if CMD is missing
+  command -v "$1" >/dev/null 2>&1 && return 0
+  if command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+    log "installing $2 (for $1) with apt-get"
+    { apt-get install -y -q "$2" || { apt-get update -q && apt-get install -y -q "$2"; }; } >&2 ||
+      die "apt-get install $2 failed"
+  fi
+  command -v "$1" >/dev/null 2>&1 || die "$1 is needed; install the '$2' package"
+}
+
+BIN_DIR=""
+ensure_bin() {
+  [[ -n $BIN_DIR ]] && return 0
+  BIN_DIR="$("$SCRIPT_DIR/build/build.sh" | tail -n 1)" || die "building the Kubernetes binaries failed"
+  [[ -x $BIN_DIR/kube-apiserver ]] || die "no kube-apiserver in '$BIN_DIR'"
+}
+
+# ---------------------------------------------------------------------------- processes
+
+# Is PID alive and the component started for run dir DIR? (guards against recycled pids)
+proc_alive() {
+  local pid="$1" dir="$2" args
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  if [[ -r /proc/$pid/cmdline ]]; then
+    args="$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" || return 1
+  else
+    args="$(ps -o args= -p "$pid" 2>/dev/null)" || return 1
+  fi
+  [[ $args == *"$dir/"* ]]
+}
+
+comp_pid() { cat "$RUN_DIR/$1.pid" 2>/dev/null || true; }
+comp_alive() { proc_alive "$(comp_pid "$1")" "$RUN_DIR"; }
+
+live_pids() {
+  local c pid
+  for c in "${COMPONENTS[@]}"; do
+    pid="$(comp_pid "$c")"
+    if proc_alive "$pid" "$RUN_DIR"; then echo "$pid"; fi
+  done
+}
+
+kill_all() {
+  local c pid waited=0
+  [[ -n "$(live_pids)" ]] || return 0
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do # controller-manager, apiserver, then etcd
+    c="${COMPONENTS[$i]}"
+    pid="$(comp_pid "$c")"
+    if proc_alive "$pid" "$RUN_DIR"; then kill -TERM "$pid" 2>/dev/null || true; fi
+  done
+  while [[ -n "$(live_pids)" ]] && ((waited < STOP_TIMEOUT * 5)); do
+    sleep 0.2
+    waited=$((waited + 1))
+  done
+  [[ -n "$(live_pids)" ]] || return 0
+  log "still running after ${STOP_TIMEOUT}s, sending SIGKILL"
+  # shellcheck disable=SC2046
+  kill -KILL $(live_pids) 2>/dev/null || true
+  for _ in $(seq 1 50); do
+    [[ -n "$(live_pids)" ]] || return 0
+    sleep 0.2
+  done
+  die "could not kill: $(live_pids | paste -sd' ' -)"
+}
+
+# spawn NAME ARGS...: start a component detached from our session, logging to logs/NAME.log.
+spawn() {
+  local name="$1" pid
+  shift
+  if command -v setsid >/dev/null 2>&1; then
+    setsid "$@" </dev/null >>"$RUN_DIR/logs/$name.log" 2>&1 &
+  else
+    nohup "$@" </dev/null >>"$RUN_DIR/logs/$name.log" 2>&1 &
+  fi
+  pid=$!
+  echo "$pid" >"$RUN_DIR/$name.pid"
+}
+
+log_tail() { # NAME
+  printf -- '--- last lines of %s ---\n' "$RUN_DIR/logs/$1.log" >&2
+  tail -n 25 "$RUN_DIR/logs/$1.log" >&2 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------------------- ports
+
+port_listening() { # a TCP connect to 127.0.0.1:PORT succeeds
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# Prints COUNT distinct free ports. Caller holds the ports lock; ports named in any run dir's
+# 'ports' file (kafka's and ours) count as taken even before they are bound.
+pick_ports() {
+  local count="$1" used=" " reserved=" " picked=" " out=() p tries=0 addr rest f
+  if [[ -r /proc/net/tcp ]]; then # every local TCP port in use, in any state
+    while read -r _ addr rest; do
+      [[ $addr == *:* ]] || continue
+      used+="$((16#${addr##*:})) "
+    done < <(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || true)
+  fi
+  for f in "$RUN_ROOT"/*/ports; do
+    [[ -f $f ]] && reserved+="$(tr '\n' ' ' <"$f") "
+  done
+  while ((${#out[@]} < count)); do
+    tries=$((tries + 1))
+    ((tries <= 5000)) || die "could not find $count free TCP ports in $PORT_MIN-$((PORT_MAX - 1))"
+    p=$((PORT_MIN + (RANDOM * 32768 + RANDOM) % (PORT_MAX - PORT_MIN)))
+    [[ $used == *" $p "* || $reserved == *" $p "* || $picked == *" $p "* ]] && continue
+    port_listening "$p" && continue
+    out+=("$p")
+    picked+="$p "
+  done
+  echo "${out[*]}"
+}
+
+wait_port() { # NAME PORT: until something listens on PORT; fail fast if NAME died
+  local name="$1" port="$2" waited=0
+  until port_listening "$port"; do
+    comp_alive "$name" || {
+      log_tail "$name"
+      die "$name exited during start-up"
+    }
+    ((waited < START_TIMEOUT * 5)) || {
+      log_tail "$name"
+      die "$name did not listen on 127.0.0.1:$port within ${START_TIMEOUT}s"
+    }
+    sleep 0.2
+    waited=$((waited + 1))
+  done
+}
+
+# ---------------------------------------------------------------------------- certificates
+
+# sign NAME SUBJECT EXTENSIONS: a 2048-bit RSA key and a cert signed by the run's CA, in pki/.
+sign() {
+  local name="$1" subj="$2" ext="$3" pki="$RUN_DIR/pki"
+  openssl genrsa -out "$pki/$name.key" 2048 2>/dev/null
+  openssl req -new -key "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
+  printf '%s\n' "$ext" >"$pki/$name.ext"
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -sha256 -extfile "$pki/$name.ext" -out "$pki/$name.crt" 2>/dev/null ||
+    die "openssl could not sign the $name certificate"
+  rm -f "$pki/$name.csr" "$pki/$name.ext"
+}
+
+gen_pki() {
+  local pki="$RUN_DIR/pki"
+  mkdir -p "$pki"
+  chmod 700 "$pki"
+  openssl genrsa -out "$pki/ca.key" 2048 2>/dev/null
+  openssl req -x509 -new -key "$pki/ca.key" -sha256 -days 3650 -subj "/CN=eddy-e2e-k8s-ca-$NAME" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+    -out "$pki/ca.crt" 2>/dev/null || die "openssl could not create the CA"
+  sign apiserver "/CN=kube-apiserver" "basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  local client="basicConstraints=critical,CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+  sign admin "/O=system:masters/CN=eddy-admin" "$client"
+  sign controller-manager "/CN=system:kube-controller-manager" "$client"
+  # service-account token signing key pair
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null || die "openssl could not write sa.pub"
+}
+
+b64() { base64 <"$1" | tr -d '\n'; }
+
+write_kubeconfig() { # FILE USER(cert name) SERVER
+  local file="$1" user="$2" server="$3" pki="$RUN_DIR/pki" ctx="eddy-$NAME"
+  cat >"$file.tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: $ctx
+  cluster:
+    server: $server
+    certificate-authority-data: $(b64 "$pki/ca.crt")
+users:
+- name: $ctx-$user
+  user:
+    client-certificate-data: $(b64 "$pki/$user.crt")
+    client-key-data: $(b64 "$pki/$user.key")
+contexts:
+- name: $ctx
+  context:
+    cluster: $ctx
+    user: $ctx-$user
+current-context: $ctx
+EOF
+  chmod 600 "$file.tmp"
+  mv "$file.tmp" "$file"
+}
+
+# ---------------------------------------------------------------------------- start / stop
+
+kubectl_admin() { "$BIN_DIR/kubectl" --kubeconfig "$RUN_DIR/kubeconfig" --request-timeout=5s "$@"; }
+
+cluster_ready() { # all processes alive, /readyz ok, default ServiceAccount there
+  local c
+  for c in "${COMPONENTS[@]}"; do comp_alive "$c" || return 1; done
+  [[ -f $RUN_DIR/kubeconfig ]] || return 1
+  [[ "$(kubectl_admin get --raw=/readyz 2>/dev/null)" == ok ]] || return 1
+  kubectl_admin -n default get serviceaccount default >/dev/null 2>&1
+}
+
+wait_ready() {
+  local start=$SECONDS step=readyz c
+  while :; do
+    for c in "${COMPONENTS[@]}"; do
+      comp_alive "$c" || {
+        log_tail "$c"
+        die "$c exited during start-up (logs in $RUN_DIR/logs)"
+      }
+    done
+    case $step in
+    readyz) [[ "$(kubectl_admin get --raw=/readyz 2>/dev/null)" == ok ]] && step=namespace ;;
+    namespace) kubectl_admin get namespace default >/dev/null 2>&1 && step=serviceaccount ;;
+    serviceaccount) kubectl_admin -n default get serviceaccount default >/dev/null 2>&1 && return 0 ;;
+    esac
+    if ((SECONDS - start > START_TIMEOUT)); then
+      log_tail kube-apiserver
+      log_tail kube-controller-manager
+      die "cluster not ready within ${START_TIMEOUT}s (stuck at: $step; logs in $RUN_DIR/logs)"
+    fi
+    sleep 0.3
+  done
+}
+
+start_components() {
+  local etcd_port peer_port api_port kcm_port pki="$RUN_DIR/pki" server
+  read -r etcd_port peer_port api_port kcm_port <<<"$(cat "$RUN_DIR/ports")"
+  server="https://127.0.0.1:$api_port"
+
+  spawn etcd "$BIN_DIR/etcd" \
+    --name=eddy \
+    --data-dir="$RUN_DIR/etcd" \
+    --listen-client-urls="http://127.0.0.1:$etcd_port" \
+    --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls="http://127.0.0.1:$peer_port" \
+    --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
+    --initial-cluster="eddy=http://127.0.0.1:$peer_port" \
+    --initial-cluster-state=new \
+    --unsafe-no-fsync=true \
+    --log-level=warn
+  wait_port etcd "$etcd_port"
+
+  # --endpoint-reconciler-type=none: Endpoints may not hold loopback addresses, so the default
+  #   reconciler would fail forever to publish 127.0.0.1 for the 'kubernetes' Service.
+  # --allow-privileged: no container ever runs; don't reject pod specs a real cluster accepts.
+  spawn kube-apiserver "$BIN_DIR/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$etcd_port" \
+    --bind-address=127.0.0.1 \
+    --advertise-address=127.0.0.1 \
+    --secure-port="$api_port" \
+    --tls-cert-file="$pki/apiserver.crt" \
+    --tls-private-key-file="$pki/apiserver.key" \
+    --client-ca-file="$pki/ca.crt" \
+    --authorization-mode=RBAC \
+    --service-cluster-ip-range="$SERVICE_CIDR" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file="$pki/sa.pub" \
+    --service-account-signing-key-file="$pki/sa.key" \
+    --endpoint-reconciler-type=none \
+    --allow-privileged=true \
+    --profiling=false \
+    --v=1
+  wait_port kube-apiserver "$api_port"
+
+  spawn kube-controller-manager "$BIN_DIR/kube-controller-manager" \
+    --kubeconfig="$RUN_DIR/controller-manager.kubeconfig" \
+    --authentication-kubeconfig="$RUN_DIR/controller-manager.kubeconfig" \
+    --authorization-kubeconfig="$RUN_DIR/controller-manager.kubeconfig" \
+    --bind-address=127.0.0.1 \
+    --secure-port="$kcm_port" \
+    --leader-elect=false \
+    --controllers="$CONTROLLERS" \
+    --use-service-account-credentials=true \
+    --service-account-private-key-file="$pki/sa.key" \
+    --root-ca-file="$pki/ca.crt" \
+    --cluster-signing-cert-file="$pki/ca.crt" \
+    --cluster-signing-key-file="$pki/ca.key" \
+    --cluster-name="eddy-$NAME" \
+    --profiling=false \
+    --v=1
+}
+
+cmd_start() {
+  ensure_bin
+  lock 9 "$RUN_ROOT/k8s-$NAME.lock"
+  if [[ -d $RUN_DIR ]]; then
+    if cluster_ready; then
+      log "already running ($RUN_DIR)"
+      echo "$RUN_DIR/kubeconfig"
+      return 0
+    fi
+    log "found a stale or broken cluster in $RUN_DIR, starting afresh"
+    kill_all
+    rm -rf "$RUN_DIR"
+  fi
+  need_cmd openssl openssl
+  local start=$SECONDS api_port
+  mkdir -p "$RUN_DIR/logs"
+  gen_pki
+
+  # Hold the ports lock until every port is bound, so a concurrent start (ours or kafka.sh's)
+  # cannot pick the same ones.
+  lock 8 "$RUN_ROOT/.ports.lock"
+  pick_ports 4 >"$RUN_DIR/ports"
+  read -r _ _ api_port _ <"$RUN_DIR/ports"
+  write_kubeconfig "$RUN_DIR/kubeconfig" admin "https://127.0.0.1:$api_port"
+  write_kubeconfig "$RUN_DIR/controller-manager.kubeconfig" controller-manager "https://127.0.0.1:$api_port"
+  log "starting etcd, kube-apiserver and kube-controller-manager (ports $(tr ' ' ',' <"$RUN_DIR/ports"))"
+  if ! (start_components); then
+    kill_all
+    exit 1
+  fi
+  unlock 8 "$RUN_ROOT/.ports.lock"
+
+  if ! (wait_ready); then
+    kill_all
+    exit 1
+  fi
+  cat >"$RUN_DIR/env" <<EOF
+KUBECONFIG=$RUN_DIR/kubeconfig
+EDDY_K8S_BIN_DIR=$BIN_DIR
+EDDY_K8S_SERVER=https://127.0.0.1:$api_port
+EDDY_K8S_VERSION=$(basename "$(dirname "$BIN_DIR")")
+EDDY_K8S_RUN_DIR=$RUN_DIR
+EOF
+  log "ready in $((SECONDS - start))s: $BIN_DIR/kubectl --kubeconfig $RUN_DIR/kubeconfig"
+  echo "$RUN_DIR/kubeconfig"
+}
+
+cmd_stop() {
+  lock 9 "$RUN_ROOT/k8s-$NAME.lock"
+  [[ -d $RUN_DIR ]] || return 0
+  kill_all
+  rm -rf "$RUN_DIR"
+  log "stopped $NAME"
+}
+
+cmd_kubeconfig() {
+  [[ -f $RUN_DIR/kubeconfig ]] || die "cluster '$NAME' is not running"
+  local c
+  for c in "${COMPONENTS[@]}"; do comp_alive "$c" || die "cluster '$NAME': $c is not running"; done
+  echo "$RUN_DIR/kubeconfig"
+}
+
+cmd_status() {
+  local c rc=0
+  [[ -d $RUN_DIR ]] || {
+    echo "cluster '$NAME': not running"
+    return 1
+  }
+  for c in "${COMPONENTS[@]}"; do
+    if comp_alive "$c"; then echo "$c: running (pid $(comp_pid "$c"))"; else
+      echo "$c: not running"
+      rc=1
+    fi
+  done
+  if ((rc == 0)); then
+    ensure_bin
+    if cluster_ready; then echo "cluster '$NAME': ready, KUBECONFIG=$RUN_DIR/kubeconfig"; else
+      echo "cluster '$NAME': not ready"
+      rc=1
+    fi
+  fi
+  return $rc
+}
+
+# ---------------------------------------------------------------------------- main
+
+main() {
+  [[ $# -ge 1 ]] || {
+    usage
+    exit 2
+  }
+  local cmd="$1"
+  shift
+  NAME=default
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+    --name)
+      [[ $# -ge 2 ]] || die "--name needs a value"
+      NAME="$2"
+      shift 2
+      ;;
+    --name=*)
+      NAME="${1#--name=}"
+      shift
+      ;;
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    *) die "unknown argument '$1' (see cluster.sh --help)" ;;
+    esac
+  done
+  [[ $NAME =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*$ ]] || die "invalid --name '$NAME' (letters, digits, . _ -)"
+  RUN_DIR="$RUN_ROOT/k8s-$NAME"
+  case $cmd in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  kubeconfig) cmd_kubeconfig ;;
+  status) cmd_status ;;
+  bin)
+    ensure_bin
+    echo "$BIN_DIR"
+    ;;
+  -h | --help | help) usage ;;
+  *)
+    usage
+    exit 2
+    ;;
+  esac
+}
+
+main "$@"
