@@ -192,7 +192,7 @@ public final class Verify {
                 }
                 for (final ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(200))) {
                     // Only up to the end snapshot, so that the read is well defined if the topic grows.
-                    final Long e = end.get(r.topicPartition());
+                    final Long e = end.get(new TopicPartition(r.topic(), r.partition()));
                     if (e != null && r.offset() < e) {
                         sink.accept(r.key(), r.value());
                     }
