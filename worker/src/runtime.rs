@@ -175,9 +175,11 @@ pub fn run(
     for t in &tasks {
         tpl.add_partition(&t.input_topic, t.id.partition);
     }
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(30))
-        .map_err(kafka("reading committed offsets"))?;
+    // On a fresh cluster the group coordinator may still be loading: retry those answers.
+    let committed = retry(Duration::from_secs(60), || {
+        consumer.committed_offsets(tpl.clone(), Duration::from_secs(30))
+    })
+    .map_err(kafka("reading committed offsets"))?;
     let mut assignment = TopicPartitionList::new();
     for e in committed.elements() {
         let offset = match e.offset() {
@@ -353,6 +355,28 @@ fn commit(
         .commit_seconds
         .observe(started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Retry a Kafka call while it fails with an error that goes away by itself (a coordinator
+/// loading or moving), up to `timeout`.
+fn retry<T>(timeout: Duration, mut f: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+    use rdkafka::types::RDKafkaErrorCode::*;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Err(e)
+                if Instant::now() < deadline
+                    && matches!(
+                        e.rdkafka_error_code(),
+                        Some(NotCoordinator | CoordinatorLoadInProgress | CoordinatorNotAvailable | RequestTimedOut)
+                    ) =>
+            {
+                tracing::debug!("retrying: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => return r,
+        }
+    }
 }
 
 /// Threads committing transactions at once under exactly-once.
