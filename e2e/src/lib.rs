@@ -27,31 +27,68 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_default()
 }
 
+static ADDR: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+
 /// Bootstrap address of the test broker: `EDDY_TEST_BOOTSTRAP` if set, else a broker named
 /// `test` started (or found running) by `e2e/kafka/kafka.sh`. `.ci/run` stops it at the end.
 pub fn bootstrap() -> Result<String> {
-    static ADDR: OnceLock<std::result::Result<String, String>> = OnceLock::new();
     ADDR.get_or_init(|| {
         if let Ok(a) = std::env::var("EDDY_TEST_BOOTSTRAP") {
             return Ok(a);
         }
-        let out = Command::new("bash")
-            .arg(repo_root().join("e2e/kafka/kafka.sh"))
-            .args(["start", "--name", "test"])
-            .stderr(Stdio::inherit())
-            .output()
-            .map_err(|e| format!("running e2e/kafka/kafka.sh: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("e2e/kafka/kafka.sh start failed ({})", out.status));
-        }
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .map(|l| l.trim().to_string())
-            .ok_or_else(|| "kafka.sh printed no bootstrap address".to_string())
+        start_cluster(1, "test")
     })
     .clone()
     .map_err(anyhow::Error::msg)
+}
+
+fn start_cluster(brokers: usize, name: &str) -> std::result::Result<String, String> {
+    let out = Command::new("bash")
+        .arg(repo_root().join("e2e/kafka/kafka.sh"))
+        .args(["start", "--brokers", &brokers.to_string(), "--name", name])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running e2e/kafka/kafka.sh: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("e2e/kafka/kafka.sh start failed ({})", out.status));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .map(|l| l.trim().to_string())
+        .ok_or_else(|| "kafka.sh printed no bootstrap address".to_string())
+}
+
+/// A cluster of its own for this test process (e.g. 3 brokers where replication matters);
+/// every harness function then talks to it. Stopped when the guard drops.
+pub fn own_cluster(brokers: usize, name: &str) -> Result<ClusterGuard> {
+    let addr = start_cluster(brokers, name).map_err(anyhow::Error::msg)?;
+    if ADDR.set(Ok(addr.clone())).is_err() && bootstrap()? != addr {
+        bail!("own_cluster must be called before any other harness function");
+    }
+    Ok(ClusterGuard(name.to_string()))
+}
+
+pub struct ClusterGuard(String);
+
+impl Drop for ClusterGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo_root().join("e2e/kafka/kafka.sh"))
+            .args(["stop", "--name", &self.0])
+            .output();
+    }
+}
+
+/// Replication factor of each partition of a topic.
+pub fn replication_factors(topic: &str) -> Result<Vec<usize>> {
+    let c: BaseConsumer = client(&[])?.create()?;
+    let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    Ok(md
+        .topics()
+        .first()
+        .map(|t| t.partitions().iter().map(|p| p.replicas().len()).collect())
+        .unwrap_or_default())
 }
 
 /// A unique name so tests can run in parallel and twice in a row.
