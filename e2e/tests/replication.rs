@@ -17,7 +17,12 @@ fn internal_topics_are_replicated_and_in_memory_stores_restore_in_full() -> Resu
         "applicationId: {app}\ncommitIntervalMs: 200\nprocessingGuarantee: exactly_once\ntopology:\n  - from: {{topic: {input}}}\n  - count: {{store: counts, inMemory: true}}\n  - to: {{topic: {output}, value: i64}}\n"
     );
     let records: Vec<Input> = (0..3000)
-        .map(|i| (Some(format!("k{}", i % 30).into_bytes()), Some(b"{}".to_vec())))
+        .map(|i| {
+            (
+                Some(format!("k{}", i % 30).into_bytes()),
+                Some(b"{}".to_vec()),
+            )
+        })
         .collect();
     produce(&input, &records)?;
     let dir = tempfile::tempdir()?;
@@ -35,7 +40,10 @@ fn internal_topics_are_replicated_and_in_memory_stores_restore_in_full() -> Resu
     ensure!(w.stop()? == 0);
     let changelog = format!("{app}-counts-changelog");
     let rf = replication_factors(&changelog)?;
-    ensure!(rf == vec![3, 3, 3], "changelog replication factors {rf:?}, expected 3 per partition");
+    ensure!(
+        rf == vec![3, 3, 3],
+        "changelog replication factors {rf:?}, expected 3 per partition"
+    );
 
     // In memory: nothing on disk, so a restart restores every changelog record.
     let changelog_records = read_all(&changelog)?.len() as f64;
@@ -43,7 +51,10 @@ fn internal_topics_are_replicated_and_in_memory_stores_restore_in_full() -> Resu
     let mut w = Worker::start(&yaml, dir.path())?;
     w.wait_ready(Duration::from_secs(120))?;
     let restored = w.metric("eddy_restored_records_total", &[])?;
-    ensure!(restored == changelog_records, "restored {restored} of {changelog_records}");
+    ensure!(
+        restored == changelog_records,
+        "restored {restored} of {changelog_records}"
+    );
     wait_until(Duration::from_secs(120), done(200))?;
     ensure!(w.stop()? == 0);
     Ok(())

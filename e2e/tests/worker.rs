@@ -137,6 +137,15 @@ fn rekeyed_counts_and_sums_survive_restarts() -> Result<()> {
     let mut w = Worker::start(&yaml, dir.path())?;
     w.wait_ready(READY)?;
     wait_until(DONE, || Ok(spend(&output, 3)? == expected))?;
+    // librdkafka's statistics (every 5 s) feed the lag of every input partition.
+    wait_until(DONE, || {
+        let m = w.metrics()?;
+        Ok((0..4).all(|p| {
+            m.contains(&format!(
+                "eddy_consumer_lag_records{{topic=\"{input}\",partition=\"{p}\"}} 0"
+            ))
+        }))
+    })?;
     ensure!(w.stop()? == 0, "SIGTERM must exit 0:\n{}", w.logs());
 
     // Keep the state dir as it is now, then move on: the copy is "a state dir that is behind".

@@ -359,7 +359,10 @@ fn commit(
 
 /// Retry a Kafka call while it fails with an error that goes away by itself (a coordinator
 /// loading or moving), up to `timeout`.
-fn retry<T>(timeout: Duration, mut f: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+fn retry<T>(
+    timeout: Duration,
+    mut f: impl FnMut() -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
     use rdkafka::types::RDKafkaErrorCode::*;
     let deadline = Instant::now() + timeout;
     loop {
@@ -368,7 +371,12 @@ fn retry<T>(timeout: Duration, mut f: impl FnMut() -> Result<T, KafkaError>) -> 
                 if Instant::now() < deadline
                     && matches!(
                         e.rdkafka_error_code(),
-                        Some(NotCoordinator | CoordinatorLoadInProgress | CoordinatorNotAvailable | RequestTimedOut)
+                        Some(
+                            NotCoordinator
+                                | CoordinatorLoadInProgress
+                                | CoordinatorNotAvailable
+                                | RequestTimedOut
+                        )
                     ) =>
             {
                 tracing::debug!("retrying: {e}");
