@@ -1,11 +1,47 @@
 //! The application spec: the `spec` of a `StatefulStreamApp`, and the whole input of
 //! `eddy-worker run`. One type serves both, so a file that runs on a laptop runs on Kubernetes.
 
+use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// What a user writes to run a stateful stream application.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// What a user writes to run a stateful stream application: the spec of a
+/// `StatefulStreamApp`, and the whole input of `eddy-worker run`.
+// kube's `printcolumn(...)` repeats `type_ = ...` keys by design.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "eddy.dev",
+    version = "v1alpha1",
+    kind = "StatefulStreamApp",
+    namespaced,
+    shortname = "ssapp",
+    status = "crate::resource::AppStatus",
+    doc = "A stateful stream application: a topology of Kafka Streams-style steps run by eddy-worker pods",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.ready",
+        description = "ready pods / desired pods"
+    ),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Backlog",
+        type_ = "integer",
+        json_path = ".status.backlog",
+        description = "changelog records left to restore"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AppSpec {
     /// Number of worker pods (operator only; a standalone worker owns every task).
@@ -37,11 +73,62 @@ pub struct AppSpec {
     /// What to do with a record that cannot be decoded or whose expression fails.
     #[serde(default)]
     pub on_error: OnError,
+    /// CPU and memory of each worker container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// Merged into the worker pods' template (labels, annotations, nodeSelector, tolerations,
+    /// affinity, extra env...), as a JSON merge patch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "open_object")]
+    pub pod_template: Option<serde_json::Value>,
+    /// What happens to the app's internal topics (changelogs, repartition, dead letters)
+    /// when the resource is deleted.
+    #[serde(default)]
+    pub cleanup_policy: CleanupPolicy,
     /// The processing steps, in order: the first is `from`. Each step is a one-key map
     /// (`- filter: '.status == 200'`), as users write them, not a YAML tag.
     #[serde(with = "serde_yaml::with::singleton_map_recursive")]
     #[schemars(with = "Vec<Step>")]
     pub topology: Vec<Step>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum CleanupPolicy {
+    /// Keep internal topics: a re-created app with the same id finds its state.
+    #[default]
+    Retain,
+    /// Delete internal topics with the app.
+    Delete,
+}
+
+/// A key of a Secret in the app's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretKeyRef {
+    pub name: String,
+    pub key: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsSpec {
+    /// CA certificate (PEM) that signed the brokers' certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<SecretKeyRef>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert: Option<SecretKeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<SecretKeyRef>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SaslSpec {
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub mechanism: String,
+    pub username: SecretKeyRef,
+    pub password: SecretKeyRef,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -56,6 +143,12 @@ pub struct KafkaSpec {
     /// Extra librdkafka client properties (e.g. `security.protocol`), applied to every client.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub properties: std::collections::BTreeMap<String, String>,
+    /// TLS to the brokers, with certificates from Secrets (operator: mounted into the pods).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+    /// SASL credentials from Secrets (operator: passed to the pods as environment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl: Option<SaslSpec>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -83,6 +176,13 @@ pub struct StorageSpec {
     pub size: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
+    /// Keep or delete a pod's volume when the app scales in (default Retain: scaling back
+    /// out finds the state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_scaled: Option<CleanupPolicy>,
+    /// Keep or delete the volumes when the app is deleted (default Delete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_deleted: Option<CleanupPolicy>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -224,4 +324,9 @@ fn default_key_format() -> Format {
 }
 fn default_value_format() -> Format {
     Format::Json
+}
+
+/// Any JSON object, kept as written (the pod template override).
+fn open_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
 }

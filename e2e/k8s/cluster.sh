@@ -227,11 +227,11 @@ wait_port() { # NAME PORT: until something listens on PORT; fail fast if NAME di
 
 # sign NAME SUBJECT EXTENSIONS: a 2048-bit RSA key and a cert signed by the run's CA, in pki/.
 sign() {
-  local name="$1" subj="$2" ext="$3" pki="$RUN_DIR/pki"
+  local name="$1" subj="$2" ext="$3" pki="$RUN_DIR/pki" ca="${CA:-ca}"
   openssl genrsa -out "$pki/$name.key" 2048 2>/dev/null
   openssl req -new -key "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
   printf '%s\n' "$ext" >"$pki/$name.ext"
-  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/$ca.crt" -CAkey "$pki/$ca.key" -CAcreateserial \
     -days 3650 -sha256 -extfile "$pki/$name.ext" -out "$pki/$name.crt" 2>/dev/null ||
     die "openssl could not sign the $name certificate"
   rm -f "$pki/$name.csr" "$pki/$name.ext"
@@ -253,6 +253,14 @@ subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kube
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
   sign admin "/O=system:masters/CN=eddy-admin" "$client"
+  # front-proxy (request-header) CA and the apiserver's proxy client cert, as kubeadm sets them
+  # up: aggregated API servers and the controller manager's delegated authentication read them
+  # from kube-system/extension-apiserver-authentication (and log errors forever without them).
+  openssl genrsa -out "$pki/front-proxy-ca.key" 2048 2>/dev/null
+  openssl req -x509 -new -key "$pki/front-proxy-ca.key" -sha256 -days 3650 -subj "/CN=eddy-e2e-front-proxy-ca-$NAME" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+    -out "$pki/front-proxy-ca.crt" 2>/dev/null || die "openssl could not create the front-proxy CA"
+  CA=front-proxy-ca sign front-proxy-client "/CN=front-proxy-client" "$client"
   sign controller-manager "/CN=system:kube-controller-manager" "$client"
   # service-account token signing key pair
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
@@ -299,17 +307,23 @@ cluster_ready() { # all processes alive, /readyz ok, default ServiceAccount ther
   kubectl_admin -n default get serviceaccount default >/dev/null 2>&1
 }
 
-wait_ready() {
-  local start=$SECONDS step=readyz c
+wait_ready() { # [UNTIL]: readyz, then the default namespace and ServiceAccount (or only UNTIL)
+  local until="${1:-serviceaccount}" start=$SECONDS step=readyz c
   while :; do
     for c in "${COMPONENTS[@]}"; do
+      [[ -f $RUN_DIR/$c.pid ]] || continue # not started yet
       comp_alive "$c" || {
         log_tail "$c"
         die "$c exited during start-up (logs in $RUN_DIR/logs)"
       }
     done
     case $step in
-    readyz) [[ "$(kubectl_admin get --raw=/readyz 2>/dev/null)" == ok ]] && step=namespace ;;
+    readyz)
+      if [[ "$(kubectl_admin get --raw=/readyz 2>/dev/null)" == ok ]]; then
+        [[ $until == readyz ]] && return 0
+        step=namespace
+      fi
+      ;;
     namespace) kubectl_admin get namespace default >/dev/null 2>&1 && step=serviceaccount ;;
     serviceaccount) kubectl_admin -n default get serviceaccount default >/dev/null 2>&1 && return 0 ;;
     esac
@@ -352,6 +366,13 @@ start_components() {
     --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
     --authorization-mode=RBAC \
+    --requestheader-client-ca-file="$pki/front-proxy-ca.crt" \
+    --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User \
+    --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$pki/front-proxy-client.crt" \
+    --proxy-client-key-file="$pki/front-proxy-client.key" \
     --service-cluster-ip-range="$SERVICE_CIDR" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$pki/sa.pub" \
@@ -361,6 +382,9 @@ start_components() {
     --profiling=false \
     --v=1
   wait_port kube-apiserver "$api_port"
+  # The controller manager exits if its RBAC bindings are not bootstrapped yet (a kubelet would
+  # restart it; nothing does here), so start it only once /readyz is ok.
+  wait_ready readyz
 
   spawn kube-controller-manager "$BIN_DIR/kube-controller-manager" \
     --kubeconfig="$RUN_DIR/controller-manager.kubeconfig" \
@@ -378,6 +402,7 @@ start_components() {
     --cluster-name="eddy-$NAME" \
     --profiling=false \
     --v=1
+  wait_port kube-controller-manager "$kcm_port"
 }
 
 cmd_start() {

@@ -30,13 +30,7 @@ pub enum TopicError {
     Create { topic: String, message: String },
 }
 
-/// An internal topic the app needs.
-#[derive(Clone, Debug, PartialEq)]
-pub struct InternalTopic {
-    pub name: String,
-    pub partitions: i32,
-    pub config: Vec<(&'static str, String)>,
-}
+pub use eddy_crds::topics::InternalTopic;
 
 /// Topic name → partition count, for every topic the app reads or writes.
 pub type PartitionCounts = HashMap<String, i32>;
@@ -46,43 +40,25 @@ pub fn plan(
     cfg: &WorkerConfig,
     external: &PartitionCounts,
 ) -> Result<Vec<InternalTopic>, TopicError> {
-    let mut out = Vec::new();
-    let mut upstream = 0;
-    for sub in &cfg.topology.subtopologies {
-        let n = if sub.source.internal {
-            upstream
-        } else {
-            *external
-                .get(&sub.source.topic)
-                .ok_or_else(|| TopicError::Missing {
-                    topic: sub.source.topic.clone(),
-                    role: "the source of the topology",
-                })?
-        };
-        if sub.source.internal {
-            out.push(InternalTopic {
-                name: sub.source.topic.clone(),
-                partitions: n,
-                config: vec![("cleanup.policy", "delete".into())],
-            });
-        }
-        for store in &sub.stores {
-            out.push(InternalTopic {
-                name: topics::changelog(&cfg.application_id, &store.name),
-                partitions: n,
-                config: vec![("cleanup.policy", "compact".into())],
-            });
-        }
-        upstream = n;
-    }
-    if cfg.on_error == eddy_crds::OnError::DeadLetter {
-        out.push(InternalTopic {
-            name: topics::dead_letter(&cfg.application_id),
-            partitions: 1,
-            config: vec![("cleanup.policy", "delete".into())],
-        });
-    }
-    Ok(out)
+    let subs: Vec<topics::SubLayout> = cfg
+        .topology
+        .subtopologies
+        .iter()
+        .map(|s| topics::SubLayout {
+            source: s.source.topic.clone(),
+            internal: s.source.internal,
+            stores: s.stores.iter().map(|d| d.name.clone()).collect(),
+        })
+        .collect();
+    let dead_letter = cfg.on_error == eddy_crds::OnError::DeadLetter;
+    topics::plan(&cfg.application_id, &subs, dead_letter, |t| {
+        external.get(t).copied()
+    })
+    .map(|(topics, _)| topics)
+    .map_err(|topic| TopicError::Missing {
+        topic,
+        role: "the source of the topology",
+    })
 }
 
 /// Partition counts of existing topics, and the number of brokers.

@@ -81,6 +81,7 @@ build() {
   local tmp start
   mkdir -p "$K8S_DIR"
   tmp="$(mktemp -d "$K8S_DIR/bin.tmp.XXXXXX")"
+  chmod 755 "$tmp"
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp'" EXIT
   start=$SECONDS

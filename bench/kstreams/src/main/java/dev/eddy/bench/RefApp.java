@@ -8,7 +8,9 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.Set;
+import java.util.Optional;
 import java.util.TreeSet;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -20,6 +22,7 @@ import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.ListConsumerGroupOffsetsSpec;
 import org.apache.kafka.clients.admin.ListOffsetsResult;
 import org.apache.kafka.clients.admin.ListStreamsGroupOffsetsSpec;
+import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
@@ -27,6 +30,7 @@ import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.common.Metric;
 import org.apache.kafka.common.MetricName;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.TopicExistsException;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.CloseOptions;
@@ -164,6 +168,7 @@ public final class RefApp {
         adminProps.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         adminProps.put(AdminClientConfig.CLIENT_ID_CONFIG, appId + "-refapp-watcher");
         try (Admin admin = Admin.create(adminProps)) {
+            prepareTopics(admin, input, output);
             final long t0 = System.nanoTime();
             final long deadline = t0 + timeoutNanos;
             streams.start();
@@ -181,6 +186,31 @@ public final class RefApp {
             return benchmark(admin, appId, input, sources, expect, streamsProtocol, t0, tRunning, deadline, pollMs);
         } finally {
             closeStreams();
+        }
+    }
+
+    /**
+     * The input topic must exist. The output topic is created (input's partition count, the broker's
+     * default replication factor) if it does not: Kafka Streams never creates sink topics, and
+     * against a broker with auto.create.topics.enable=false it would retry the sends forever.
+     */
+    private static void prepareTopics(final Admin admin, final String input, final String output) throws Exception {
+        final Set<String> existing = admin.listTopics().names().get(30, TimeUnit.SECONDS);
+        if (!existing.contains(input)) {
+            throw new IllegalStateException("input topic " + input + " does not exist");
+        }
+        if (!existing.contains(output)) {
+            final int partitions = admin.describeTopics(List.of(input)).allTopicNames().get(30, TimeUnit.SECONDS)
+                .get(input).partitions().size();
+            try {
+                admin.createTopics(List.of(new NewTopic(output, Optional.of(partitions), Optional.empty())))
+                    .all().get(30, TimeUnit.SECONDS);
+                log("created output topic " + output + " with " + partitions + " partitions");
+            } catch (final ExecutionException e) {
+                if (!(e.getCause() instanceof TopicExistsException)) {
+                    throw e;
+                }
+            }
         }
     }
 

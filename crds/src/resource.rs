@@ -1,0 +1,225 @@
+//! The `StatefulStreamApp` custom resource (group `eddy.dev`, version `v1alpha1`): the app
+//! spec as the resource's spec, and the status the operator and the workers write.
+
+pub use crate::spec::StatefulStreamApp;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// What the operator and the workers report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default)]
+    pub replicas: i32,
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// `readyReplicas/replicas`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// Label selector of the pods, for the scale subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Which pod runs which task: written by the operator, followed by the workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignment: Option<Assignment>,
+    /// Each worker's own report, keyed by pod name (each worker owns its entry).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub workers: BTreeMap<String, WorkerStatus>,
+    /// Total changelog records left to restore across all workers.
+    #[serde(default)]
+    pub backlog: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    Pending,
+    Restoring,
+    Running,
+    Degraded,
+}
+
+/// A Kubernetes-style condition: `Ready`, `Progressing`, `Degraded`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Tasks per pod. Sticky: a task stays where its state is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Assignment {
+    /// Increases whenever the placement changes; workers report the one they applied.
+    pub generation: i64,
+    /// Number of partitions per sub-topology, i.e. the tasks that exist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<i32>,
+    pub pods: BTreeMap<String, PodTasks>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTasks {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub standby: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warmup: Vec<String>,
+}
+
+/// One worker's report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerStatus {
+    /// The assignment generation this worker runs.
+    #[serde(default)]
+    pub applied_generation: i64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tasks: BTreeMap<String, TaskStatus>,
+    /// RFC 3339 time of the report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    /// CREATED, RESTORING, RUNNING, SUSPENDED, CLOSED, STANDBY or WARMUP.
+    pub state: String,
+    /// Changelog records left to restore.
+    #[serde(default)]
+    pub restore_backlog: i64,
+    /// Input records not yet processed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<i64>,
+}
+
+/// Admission rules a structural schema cannot say, as CEL on the spec.
+const SPEC_RULES: &[(&str, &str)] = &[
+    (
+        "!has(self.numStandbyReplicas) || !has(self.replicas) || self.replicas == 0 || self.numStandbyReplicas < self.replicas",
+        "numStandbyReplicas must be less than replicas: a standby never shares a pod with its active task",
+    ),
+    (
+        "has(self.topology[0].from)",
+        "topology[0] must be `from: {topic: ...}`: every app starts by reading a topic",
+    ),
+];
+
+const STEPS: &str = "from, filter, map, groupBy, count, aggregate, to";
+
+/// The CRD as installed: kube's generated schema plus the rules above, with the step list
+/// made explicit so an unknown step is named in the rejection.
+pub fn crd() -> CustomResourceDefinition {
+    let mut v = serde_json::to_value(StatefulStreamApp::crd()).unwrap_or(Value::Null);
+    let schema = &mut v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let rules: Vec<Value> = SPEC_RULES
+        .iter()
+        .map(|(r, m)| json!({"rule": r, "message": m}))
+        .collect();
+    schema["x-kubernetes-validations"] = Value::Array(rules);
+    for f in ["replicas", "numStandbyReplicas"] {
+        schema["properties"][f]["minimum"] = json!(0);
+    }
+    let topology = &mut schema["properties"]["topology"];
+    topology["minItems"] = json!(1);
+    topology["maxItems"] = json!(64);
+    topology["items"] = step_schema();
+    serde_json::from_value(v).unwrap_or_default()
+}
+
+/// One step: exactly one of the known keys. `groupBy` is a string or an object, which a
+/// structural schema can only leave open; the worker validates its shape.
+fn step_schema() -> Value {
+    let string = json!({"type": "string", "minLength": 1});
+    let format = json!({"type": "string", "enum": ["string", "json", "bytes", "i64"]});
+    let topic =
+        json!({"type": "string", "minLength": 1, "maxLength": 249, "pattern": "^[a-zA-Z0-9._-]+$"});
+    let store =
+        json!({"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[a-zA-Z0-9._-]+$"});
+    json!({
+        "type": "object",
+        "description": format!("One step, a one-key map: {STEPS}"),
+        "maxProperties": 1,
+        "minProperties": 1,
+        "properties": {
+            "from": {"type": "object", "required": ["topic"], "properties": {"topic": topic, "key": format, "value": format}},
+            "filter": string,
+            "map": string,
+            "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "a jq expression, or {key: <jq>, format: FORMAT}"},
+            "count": {"type": "object", "required": ["store"], "properties": {"store": store, "inMemory": {"type": "boolean"}}},
+            "aggregate": {"type": "object", "required": ["store", "initial", "add"], "properties": {
+                "store": store, "initial": string, "add": string, "inMemory": {"type": "boolean"}}},
+            "to": {"type": "object", "required": ["topic"], "properties": {"topic": topic, "key": format, "value": format}},
+        },
+        "x-kubernetes-validations": [{
+            "rule": "has(self.from) || has(self.filter) || has(self.map) || has(self.groupBy) || has(self.count) || has(self.aggregate) || has(self.to)",
+            "message": format!("unknown topology step: each step is one of {STEPS}"),
+        }],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_committed_crd_is_the_generated_one() {
+        let generated = serde_yaml::to_string(&crd()).expect("serializable");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/statefulstreamapp.yaml");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "crds/statefulstreamapp.yaml is stale: run `eddy-operator crd > crds/statefulstreamapp.yaml`"
+        );
+    }
+
+    #[test]
+    fn crd_names_and_columns() {
+        let c = crd();
+        assert_eq!(c.spec.names.short_names, Some(vec!["ssapp".to_string()]));
+        let v = &c.spec.versions[0];
+        let cols: Vec<&str> = v
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(cols, ["Ready", "Phase", "Backlog", "Age"]);
+        assert!(
+            v.subresources
+                .as_ref()
+                .is_some_and(|s| s.scale.is_some() && s.status.is_some())
+        );
+    }
+
+    #[test]
+    fn the_resource_reads_the_app_spec() {
+        let app: StatefulStreamApp = serde_yaml::from_str(
+            "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {name: pv}\nspec:\n  replicas: 2\n  topology:\n    - from: {topic: a}\n    - groupBy: '.user'\n    - count: {store: c}\n",
+        )
+        .expect("valid");
+        assert_eq!(app.spec.replicas, Some(2));
+        assert_eq!(app.spec.topology.len(), 3);
+    }
+}

@@ -1,0 +1,375 @@
+//! The Kubernetes objects an app is made of, one small builder per kind: the worker
+//! StatefulSet (a volume per pod for the state dir), its headless Service, the ConfigMap
+//! holding the app file, the ServiceAccount with a Role that lets a worker read its own app
+//! and patch only its own app's status, and a PodDisruptionBudget. Each is owned by the app,
+//! so deleting the app deletes them.
+
+use eddy_crds::resource::StatefulStreamApp;
+use eddy_crds::spec::CleanupPolicy;
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec,
+    PodTemplateSpec, Probe, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+use std::collections::BTreeMap;
+
+/// Default worker image when the spec names none.
+pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/eddy-dev/eddy-worker:", env!("CARGO_PKG_VERSION"));
+pub const HTTP_PORT: i32 = 9090;
+pub const STATE_DIR: &str = "/var/lib/eddy";
+pub const APP_FILE: &str = "/etc/eddy/app.yaml";
+
+/// Everything one app consists of.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Objects {
+    pub config_map: ConfigMap,
+    pub service: Service,
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub stateful_set: StatefulSet,
+    pub pdb: PodDisruptionBudget,
+}
+
+pub fn name(app: &StatefulStreamApp) -> String {
+    app.metadata.name.clone().unwrap_or_default()
+}
+
+/// Labels selecting an app's worker pods.
+pub fn selector_labels(app: &StatefulStreamApp) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            "eddy-worker".to_string(),
+        ),
+        ("app.kubernetes.io/instance".to_string(), name(app)),
+    ])
+}
+
+/// The selector as a string, for the scale subresource.
+pub fn selector_string(app: &StatefulStreamApp) -> String {
+    selector_labels(app)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn labels(app: &StatefulStreamApp) -> BTreeMap<String, String> {
+    let mut l = selector_labels(app);
+    l.insert(
+        "app.kubernetes.io/managed-by".into(),
+        "eddy-operator".into(),
+    );
+    l
+}
+
+fn meta(app: &StatefulStreamApp, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: app.metadata.namespace.clone(),
+        labels: Some(labels(app)),
+        owner_references: owner(app).map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
+fn owner(app: &StatefulStreamApp) -> Option<OwnerReference> {
+    app.controller_owner_ref(&())
+}
+
+pub fn worker_account(app: &StatefulStreamApp) -> String {
+    format!("{}-worker", name(app))
+}
+
+pub fn service_name(app: &StatefulStreamApp) -> String {
+    format!("{}-workers", name(app))
+}
+
+pub fn build(app: &StatefulStreamApp, spec_hash: &str) -> Result<Objects, String> {
+    Ok(Objects {
+        config_map: config_map(app)?,
+        service: service(app),
+        service_account: ServiceAccount {
+            metadata: meta(app, worker_account(app)),
+            ..Default::default()
+        },
+        role: role(app),
+        role_binding: role_binding(app),
+        stateful_set: stateful_set(app, spec_hash)?,
+        pdb: pdb(app),
+    })
+}
+
+/// The app file each worker reads: the resource itself, without status.
+fn config_map(app: &StatefulStreamApp) -> Result<ConfigMap, String> {
+    let file = serde_json::json!({
+        "apiVersion": eddy_crds::API_VERSION,
+        "kind": eddy_crds::KIND,
+        "metadata": {"name": name(app), "namespace": app.metadata.namespace},
+        "spec": app.spec,
+    });
+    let yaml =
+        serde_yaml::to_string(&file).map_err(|e| format!("cannot write the app file: {e}"))?;
+    Ok(ConfigMap {
+        metadata: meta(app, format!("{}-app", name(app))),
+        data: Some(BTreeMap::from([("app.yaml".to_string(), yaml)])),
+        ..Default::default()
+    })
+}
+
+fn service(app: &StatefulStreamApp) -> Service {
+    Service {
+        metadata: meta(app, service_name(app)),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            selector: Some(selector_labels(app)),
+            publish_not_ready_addresses: Some(true),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: HTTP_PORT,
+                target_port: Some(IntOrString::Int(HTTP_PORT)),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn role(app: &StatefulStreamApp) -> Role {
+    let only_this = Some(vec![name(app)]);
+    Role {
+        metadata: meta(app, worker_account(app)),
+        rules: Some(vec![
+            PolicyRule {
+                api_groups: Some(vec!["eddy.dev".into()]),
+                resources: Some(vec!["statefulstreamapps".into()]),
+                resource_names: only_this.clone(),
+                verbs: vec!["get".into(), "list".into(), "watch".into()],
+                ..Default::default()
+            },
+            PolicyRule {
+                api_groups: Some(vec!["eddy.dev".into()]),
+                resources: Some(vec!["statefulstreamapps/status".into()]),
+                resource_names: only_this,
+                verbs: vec!["get".into(), "patch".into()],
+                ..Default::default()
+            },
+        ]),
+    }
+}
+
+fn role_binding(app: &StatefulStreamApp) -> RoleBinding {
+    RoleBinding {
+        metadata: meta(app, worker_account(app)),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: worker_account(app),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: worker_account(app),
+            namespace: app.metadata.namespace.clone(),
+            ..Default::default()
+        }]),
+    }
+}
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn policy(p: Option<CleanupPolicy>, default: CleanupPolicy) -> String {
+    match p.unwrap_or(default) {
+        CleanupPolicy::Retain => "Retain".into(),
+        CleanupPolicy::Delete => "Delete".into(),
+    }
+}
+
+fn probe(path: &str) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(HTTP_PORT),
+            ..Default::default()
+        }),
+        period_seconds: Some(5),
+        ..Default::default()
+    }
+}
+
+fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet, String> {
+    let spec = &app.spec;
+    let storage = spec.storage.clone().unwrap_or_default();
+    // Workers are configured through the environment so that whatever runs the pod (a
+    // kubelet, or the e2e pod runner) can point them elsewhere.
+    let env_vars = vec![
+        env("EDDY_APP_FILE", APP_FILE),
+        env("EDDY_STATE_DIR", STATE_DIR),
+        env("EDDY_HTTP_ADDR", &format!("0.0.0.0:{HTTP_PORT}")),
+        env("EDDY_ASSIGNMENT", "operator"),
+        field_env("EDDY_INSTANCE_ID", "metadata.name"),
+        field_env("EDDY_NAMESPACE", "metadata.namespace"),
+    ];
+    let container = Container {
+        name: "worker".into(),
+        image: Some(spec.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into())),
+        args: Some(vec!["run".into()]),
+        env: Some(env_vars),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: HTTP_PORT,
+            ..Default::default()
+        }]),
+        readiness_probe: Some(probe("/readyz")),
+        liveness_probe: Some(probe("/healthz")),
+        resources: spec.resources.clone(),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "state".into(),
+                mount_path: STATE_DIR.into(),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "app".into(),
+                mount_path: "/etc/eddy".into(),
+                read_only: Some(true),
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    };
+    let mut template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels(app)),
+            // A changed spec changes the hash, which rolls the pods one at a time.
+            annotations: Some(BTreeMap::from([(
+                "eddy.dev/spec-hash".to_string(),
+                spec_hash.to_string(),
+            )])),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            service_account_name: Some(worker_account(app)),
+            termination_grace_period_seconds: Some(60),
+            containers: vec![container],
+            volumes: Some(vec![Volume {
+                name: "app".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: format!("{}-app", name(app)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+    };
+    if let Some(overrides) = &spec.pod_template {
+        let mut base = serde_json::to_value(&template).map_err(|e| e.to_string())?;
+        merge(&mut base, overrides);
+        template = serde_json::from_value(base).map_err(|e| format!("spec.podTemplate: {e}"))?;
+    }
+    Ok(StatefulSet {
+        metadata: meta(app, name(app)),
+        spec: StatefulSetSpec {
+            replicas: Some(spec.replicas.unwrap_or(1)),
+            service_name: Some(service_name(app)),
+            // Pods start together; updates still roll one pod at a time.
+            pod_management_policy: Some("Parallel".into()),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(app)),
+                ..Default::default()
+            },
+            template,
+            volume_claim_templates: Some(vec![PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    name: Some("state".into()),
+                    labels: Some(labels(app)),
+                    ..Default::default()
+                },
+                spec: Some(PersistentVolumeClaimSpec {
+                    access_modes: Some(vec!["ReadWriteOnce".into()]),
+                    storage_class_name: storage.storage_class_name.clone(),
+                    resources: Some(VolumeResourceRequirements {
+                        requests: Some(BTreeMap::from([(
+                            "storage".to_string(),
+                            Quantity(storage.size.clone().unwrap_or_else(|| "1Gi".into())),
+                        )])),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            persistent_volume_claim_retention_policy: Some(
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_scaled: Some(policy(storage.when_scaled, CleanupPolicy::Retain)),
+                    when_deleted: Some(policy(storage.when_deleted, CleanupPolicy::Delete)),
+                },
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+}
+
+fn pdb(app: &StatefulStreamApp) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(app, name(app)),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(app)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// JSON merge patch (RFC 7386): objects merge, everything else replaces.
+fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    b.remove(k);
+                } else {
+                    merge(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
