@@ -162,13 +162,22 @@ kill_all() {
 spawn() {
   local name="$1" pid
   shift
+  # 8>&- 9>&-: the lock files' descriptors must not outlive this script in the daemons.
   if command -v setsid >/dev/null 2>&1; then
-    setsid "$@" </dev/null >>"$RUN_DIR/logs/$name.log" 2>&1 &
+    setsid "$@" </dev/null >>"$RUN_DIR/logs/$name.log" 2>&1 8>&- 9>&- &
   else
-    nohup "$@" </dev/null >>"$RUN_DIR/logs/$name.log" 2>&1 &
+    nohup "$@" </dev/null >>"$RUN_DIR/logs/$name.log" 2>&1 8>&- 9>&- &
   fi
   pid=$!
   echo "$pid" >"$RUN_DIR/$name.pid"
+  # Until the forked shell has exec'd the binary, its command line is still ours and
+  # comp_alive would call it dead: wait for the exec (or for its death).
+  local i
+  for ((i = 0; i < 100; i++)); do
+    proc_alive "$pid" "$RUN_DIR" && return 0
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.05
+  done
 }
 
 log_tail() { # NAME
@@ -225,10 +234,16 @@ wait_port() { # NAME PORT: until something listens on PORT; fail fast if NAME di
 
 # ---------------------------------------------------------------------------- certificates
 
-# sign NAME SUBJECT EXTENSIONS: a 2048-bit RSA key and a cert signed by the run's CA, in pki/.
+# TLS keys are ECDSA P-256 (PKCS#8): generating six RSA keys took seconds on a loaded machine.
+genkey() {
+  (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null) ||
+    die "openssl could not generate $1"
+}
+
+# sign NAME SUBJECT EXTENSIONS: a key and a cert signed by the run's CA (or \$CA), in pki/.
 sign() {
   local name="$1" subj="$2" ext="$3" pki="$RUN_DIR/pki" ca="${CA:-ca}"
-  openssl genrsa -out "$pki/$name.key" 2048 2>/dev/null
+  genkey "$pki/$name.key"
   openssl req -new -key "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
   printf '%s\n' "$ext" >"$pki/$name.ext"
   openssl x509 -req -in "$pki/$name.csr" -CA "$pki/$ca.crt" -CAkey "$pki/$ca.key" -CAcreateserial \
@@ -241,7 +256,7 @@ gen_pki() {
   local pki="$RUN_DIR/pki"
   mkdir -p "$pki"
   chmod 700 "$pki"
-  openssl genrsa -out "$pki/ca.key" 2048 2>/dev/null
+  genkey "$pki/ca.key"
   openssl req -x509 -new -key "$pki/ca.key" -sha256 -days 3650 -subj "/CN=eddy-e2e-k8s-ca-$NAME" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
     -out "$pki/ca.crt" 2>/dev/null || die "openssl could not create the CA"
@@ -256,14 +271,14 @@ extendedKeyUsage=clientAuth"
   # front-proxy (request-header) CA and the apiserver's proxy client cert, as kubeadm sets them
   # up: aggregated API servers and the controller manager's delegated authentication read them
   # from kube-system/extension-apiserver-authentication (and log errors forever without them).
-  openssl genrsa -out "$pki/front-proxy-ca.key" 2048 2>/dev/null
+  genkey "$pki/front-proxy-ca.key"
   openssl req -x509 -new -key "$pki/front-proxy-ca.key" -sha256 -days 3650 -subj "/CN=eddy-e2e-front-proxy-ca-$NAME" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
     -out "$pki/front-proxy-ca.crt" 2>/dev/null || die "openssl could not create the front-proxy CA"
   CA=front-proxy-ca sign front-proxy-client "/CN=front-proxy-client" "$client"
   sign controller-manager "/CN=system:kube-controller-manager" "$client"
-  # service-account token signing key pair
-  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  # service-account token signing key pair: RSA, so tokens are RS256 like on most clusters
+  (umask 077 && openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null) || die "openssl could not generate sa.key"
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null || die "openssl could not write sa.pub"
 }
 
@@ -400,6 +415,8 @@ start_components() {
     --cluster-signing-cert-file="$pki/ca.crt" \
     --cluster-signing-key-file="$pki/ca.key" \
     --cluster-name="eddy-$NAME" \
+    --kube-api-qps=200 \
+    --kube-api-burst=400 \
     --profiling=false \
     --v=1
   wait_port kube-controller-manager "$kcm_port"

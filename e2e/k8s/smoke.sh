@@ -61,17 +61,18 @@ count() { # KIND NAMESPACE SELECTOR: number of objects
   kubectl -n "$2" get "$1" -l "$3" -o name 2>/dev/null | grep -c . || true
 }
 count_is() { [[ "$(count "$1" "$2" "$3")" == "$4" ]]; }
+quiet() { "$@" >/dev/null; }
 output_is() { # EXPECTED CMD...: CMD prints exactly EXPECTED
   local want="$1"
   shift
   [[ "$("$@" 2>/dev/null)" == "$want" ]]
 }
 
-check "kubectl get namespaces" kubectl get namespaces
+check "kubectl get namespaces" quiet kubectl get namespaces
 check "server version is $(basename "$(dirname "$BIN")")" \
   bash -c "kubectl get --raw /version | grep -q '\"gitVersion\": \"$(basename "$(dirname "$BIN")")\"'"
-check "create namespace smoke" kubectl create namespace smoke
-eventually 60 "serviceaccount controller creates smoke/default" kubectl -n smoke get serviceaccount default
+check "create namespace smoke" quiet kubectl create namespace smoke
+eventually 60 "serviceaccount controller creates smoke/default" quiet kubectl -n smoke get serviceaccount default
 
 # RBAC is really enforced: a service account without bindings may not read secrets...
 check "RBAC denies an unbound service account" \
@@ -114,7 +115,7 @@ spec:
       accessModes: [ReadWriteOnce]
       resources: {requests: {storage: 1Gi}}
 EOF
-check "apply a StatefulSet with a volumeClaimTemplate" kubectl apply -f "$TMP/sts.yaml"
+check "apply a StatefulSet with a volumeClaimTemplate" quiet kubectl apply -f "$TMP/sts.yaml"
 eventually 60 "statefulset controller creates 2 Pods" count_is pods smoke app=web 2
 eventually 60 "statefulset controller creates 2 PVCs" count_is pvc smoke app=web 2
 check "pod web-0 is owned by the StatefulSet" \
@@ -122,21 +123,21 @@ check "pod web-0 is owned by the StatefulSet" \
   -o 'jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}'
 check "PVCs stay Pending (no provisioner)" \
   output_is Pending kubectl -n smoke get pvc data-web-0 -o 'jsonpath={.status.phase}'
-check "delete the StatefulSet" kubectl -n smoke delete statefulset web --wait=false
+check "delete the StatefulSet" quiet kubectl -n smoke delete statefulset web --wait=false
 eventually 90 "garbage collector removes its Pods" count_is pods smoke app=web 0
 eventually 90 "garbage collector removes its PVCs (whenDeleted: Delete)" count_is pvc smoke app=web 0
 
 # helm: version, lint, template, and a real install (Deployment -> ReplicaSet -> Pod).
-check "helm version" helm version --short
-check "helm create a chart" helm create "$TMP/chart" >/dev/null
-check "helm lint" helm lint "$TMP/chart" >/dev/null
+check "helm version ($(helm version --short))" quiet helm version
+check "helm create a chart" quiet helm create "$TMP/chart"
+check "helm lint" quiet helm lint "$TMP/chart"
 check "helm template" bash -c "helm template smoke '$TMP/chart' | grep -q 'kind: Deployment'"
-check "helm install" helm install smoke "$TMP/chart" -n smoke --set serviceAccount.create=true >/dev/null
+check "helm install" quiet helm install smoke "$TMP/chart" -n smoke --set serviceAccount.create=true
 eventually 60 "deployment controller creates a ReplicaSet" count_is replicasets smoke app.kubernetes.io/instance=smoke 1
 eventually 60 "replicaset controller creates a Pod" count_is pods smoke app.kubernetes.io/instance=smoke 1
-check "helm uninstall" helm uninstall smoke -n smoke >/dev/null
+check "helm uninstall" quiet helm uninstall smoke -n smoke
 eventually 90 "garbage collector removes the release's Pods" count_is pods smoke app.kubernetes.io/instance=smoke 0
-check "delete namespace smoke" kubectl delete namespace smoke --wait=false
+check "delete namespace smoke" quiet kubectl delete namespace smoke --wait=false
 eventually 120 "namespace controller finalizes namespace smoke" \
   bash -c '! kubectl get namespace smoke >/dev/null 2>&1'
 

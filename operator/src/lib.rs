@@ -4,5 +4,9 @@
 //! a thin layer applies it.
 
 pub mod assignment;
+pub mod controller;
+pub mod kafka;
+pub mod leader;
+pub mod metrics;
 pub mod reconcile;
 pub mod resources;

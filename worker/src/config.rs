@@ -46,6 +46,8 @@ pub struct Overrides {
 
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
+    /// `metadata.name` when the file is a whole manifest (the resource the operator manages).
+    pub resource_name: Option<String>,
     pub application_id: String,
     pub instance_id: String,
     pub bootstrap_servers: String,
@@ -89,6 +91,7 @@ impl WorkerConfig {
             field: "applicationId",
             message,
         })?;
+        let resource_name = manifest.name.clone();
         let spec = manifest.spec;
         let bootstrap_servers = o
             .bootstrap_servers
@@ -139,6 +142,7 @@ impl WorkerConfig {
             }
         })?;
         Ok(Self {
+            resource_name,
             instance_id: o
                 .instance_id
                 .unwrap_or_else(|| format!("{application_id}-standalone")),

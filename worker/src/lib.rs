@@ -6,6 +6,7 @@
 //! loop in [`runtime`]. Declarative steps ([`steps`]) are built on the [`processor`] API that
 //! embedding applications can use for their own logic.
 
+pub mod assignment;
 pub mod cache;
 pub mod changelog;
 pub mod collector;

@@ -116,7 +116,24 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         },
     )?;
     let metrics = Arc::new(Metrics::new());
-    let status = Arc::new(Status::default());
+    // Under the operator (EDDY_ASSIGNMENT=operator, set in the pod template) the worker runs
+    // the tasks assigned to its pod instead of all of them.
+    let link = match std::env::var("EDDY_ASSIGNMENT").as_deref() {
+        Ok("operator") => Some(eddy_worker::assignment::Link {
+            namespace: std::env::var("EDDY_NAMESPACE")
+                .context("EDDY_NAMESPACE must name the app's namespace")?,
+            app: cfg.resource_name.clone().context(
+                "under the operator the app file must be a whole StatefulStreamApp manifest",
+            )?,
+            pod: cfg.instance_id.clone(),
+        }),
+        Ok("all") | Err(_) => None,
+        Ok(other) => anyhow::bail!("EDDY_ASSIGNMENT={other:?}: expected `operator` or `all`"),
+    };
+    let status = Arc::new(Status {
+        follow_assignment: link.is_some(),
+        ..Default::default()
+    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -132,6 +149,23 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
                 tracing::error!("HTTP server stopped: {e}");
             }
         });
+    }
+    if let Some(link) = link {
+        let client = rt
+            .block_on(kube::Client::try_default())
+            .context("connecting to the Kubernetes API (in-cluster or KUBECONFIG)")?;
+        let (c, l, s) = (client.clone(), link.clone(), status.clone());
+        rt.spawn(async move {
+            if let Err(e) = eddy_worker::assignment::follow(c, l, s).await {
+                tracing::error!("following the assignment stopped: {e:#}");
+            }
+        });
+        rt.spawn(eddy_worker::assignment::report(
+            client,
+            link,
+            status.clone(),
+            std::time::Duration::from_secs(2),
+        ));
     }
     {
         let status = status.clone();

@@ -7,6 +7,7 @@
 use crate::cache::{Backend, Changes};
 use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, StoreLabels, TaskLabels};
+use crate::runtime::Status;
 use crate::store::{self, Change, StateResources, StoreError, TaskDb};
 use crate::task::{Task, TaskState};
 use rdkafka::consumer::ConsumerContext;
@@ -15,7 +16,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -59,9 +60,24 @@ pub fn restore(
     tasks: &mut [Task],
     resources: &StateResources,
     metrics: &Metrics,
-    shutdown: &AtomicBool,
+    status: &Status,
 ) -> Result<Restored, RestoreError> {
     let mut restored = Restored::new();
+    // Records left per task and store, summed per task into the worker's status report.
+    let mut remaining: HashMap<String, HashMap<String, i64>> = HashMap::new();
+    let mut report = |task: &str, store: &str, left: i64| {
+        let per_task = remaining.entry(task.to_string()).or_default();
+        per_task.insert(store.to_string(), left);
+        let total = per_task.values().sum();
+        if let Ok(mut r) = status.report.lock()
+            && let Some(t) = r.tasks.get_mut(task)
+        {
+            t.restore_backlog = total;
+            if total > 0 {
+                t.state = "RESTORING".into();
+            }
+        }
+    };
     for t in tasks.iter_mut() {
         t.transition(TaskState::Restoring);
     }
@@ -128,6 +144,7 @@ pub fn restore(
                 .restore_remaining
                 .get_or_create(&labels)
                 .set((high - start).max(0));
+            report(&labels.task, &labels.store, (high - start).max(0));
             if start >= high {
                 continue;
             }
@@ -142,7 +159,7 @@ pub fn restore(
         let started = Instant::now();
         let mut pending: HashMap<i32, (Changes, i64)> = HashMap::new();
         while !targets.is_empty() {
-            if shutdown.load(Ordering::Relaxed) {
+            if status.shutdown.load(Ordering::Relaxed) {
                 return Err(RestoreError::Interrupted);
             }
             let (p, done) = match consumer.poll(Duration::from_millis(200)) {
@@ -189,17 +206,15 @@ pub fn restore(
                 .entry((labels.task.clone(), labels.store.clone()))
                 .or_default() += n;
             metrics.restored_records.get_or_create(&labels).inc_by(n);
-            metrics
-                .restore_remaining
-                .get_or_create(&labels)
-                .set((high - next).max(0));
+            let left = if done { 0 } else { (high - next).max(0) };
+            metrics.restore_remaining.get_or_create(&labels).set(left);
+            report(&labels.task, &labels.store, left);
             let total = restored[&(labels.task.clone(), labels.store.clone())];
             metrics
                 .restore_rate
                 .get_or_create(&labels)
                 .set(total as f64 / started.elapsed().as_secs_f64().max(1e-3));
             if done {
-                metrics.restore_remaining.get_or_create(&labels).set(0);
                 targets.remove(&p);
                 tracing::info!(task = %t.id, store = %labels.store, records = total, "restored");
             }

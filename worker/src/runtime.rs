@@ -17,6 +17,7 @@ use crate::restore::{self, RestoreError, Restored};
 use crate::store::{StateResources, StoreError};
 use crate::task::{Task, TaskError, TaskState};
 use eddy_crds::TaskId;
+use eddy_crds::resource::{TaskStatus, WorkerStatus};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -24,8 +25,8 @@ use rdkafka::producer::Producer as _;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +54,7 @@ fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> RuntimeError {
     move |source| RuntimeError::Kafka { what, source }
 }
 
-/// Shared with the HTTP server and the embedding application.
+/// Shared with the HTTP server, the operator link and the embedding application.
 #[derive(Default)]
 pub struct Status {
     /// True once every active task is RUNNING.
@@ -61,7 +62,13 @@ pub struct Status {
     /// Set to ask the loop to commit, close cleanly and return.
     pub shutdown: AtomicBool,
     /// What the last restore did, for tests and logs.
-    pub restored: std::sync::Mutex<Restored>,
+    pub restored: Mutex<Restored>,
+    /// Run the tasks in `desired` instead of every task (set when the operator assigns).
+    pub follow_assignment: bool,
+    /// The operator's assignment for this worker: (generation, active tasks).
+    pub desired: Mutex<Option<(i64, Vec<TaskId>)>>,
+    /// What this worker runs, for its entry in the app's `status.workers`.
+    pub report: Mutex<WorkerStatus>,
 }
 
 /// Feeds consumer lag from librdkafka's statistics into the metrics, without extra requests.
@@ -86,14 +93,15 @@ impl ClientContext for LagReporter {
 }
 impl ConsumerContext for LagReporter {}
 
-/// Run the app until `status.shutdown` is set or a task fails.
+/// Run the app until `status.shutdown` is set or a task fails. Standalone, the worker owns
+/// every task; under the operator (`status.follow_assignment`) it runs the tasks the operator
+/// assigned to it, and takes or releases tasks when that assignment changes.
 pub fn run(
     cfg: &WorkerConfig,
     metrics: Arc<Metrics>,
     status: Arc<Status>,
 ) -> Result<(), RuntimeError> {
     let counts = Arc::new(changelog::prepare(cfg)?);
-    let resources = StateResources::new(cfg.rocksdb_bytes)?;
     let consumer: BaseConsumer<LagReporter> = cfg
         .client_config()
         .set("group.id", &cfg.application_id)
@@ -105,145 +113,27 @@ pub fn run(
         .set("fetch.max.bytes", "52428800")
         .create_with_context(LagReporter(metrics.clone()))
         .map_err(kafka("creating the consumer"))?;
-
-    // A standalone worker owns every task.
-    let ids: Vec<(usize, TaskId)> = cfg
-        .topology
-        .subtopologies
-        .iter()
-        .enumerate()
-        .flat_map(|(i, s)| (0..counts[&s.source.topic]).map(move |p| (i, TaskId::new(s.id, p))))
-        .collect();
-    let cache_share = cfg.record_cache_bytes / ids.len().max(1);
     let shared = if cfg.exactly_once() {
         None
     } else {
         Some(collector::producer(cfg, None).map_err(kafka("creating the producer"))?)
     };
-    // Under exactly-once each task has its own transactional producer; initializing one
-    // fences any zombie owner of the task and aborts its open transaction (so the
-    // changelog's committed end is known before restoring). Done in parallel: each is a few
-    // round trips to the transaction coordinator.
-    let producers: Vec<Arc<collector::Producer>> = match &shared {
-        Some(p) => ids.iter().map(|_| p.clone()).collect(),
-        None => std::thread::scope(|scope| {
-            let handles: Vec<_> = ids
-                .iter()
-                .map(|(_, id)| {
-                    scope.spawn(move || {
-                        let txn_id = format!("{}-{}", cfg.application_id, id);
-                        let p = collector::producer(cfg, Some(&txn_id))
-                            .map_err(kafka(format!("producer {txn_id}")))?;
-                        p.init_transactions(Duration::from_secs(60))
-                            .map_err(kafka(format!("initializing transactions of {txn_id}")))?;
-                        Ok(p)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(RuntimeError::Delivery("a producer thread panicked".into()))
-                    })
-                })
-                .collect::<Result<Vec<_>, RuntimeError>>()
-        })?,
+    let mut m = Manager {
+        cfg,
+        counts,
+        resources: StateResources::new(cfg.rocksdb_bytes)?,
+        consumer,
+        shared,
+        metrics,
+        status,
+        tasks: Vec::new(),
+        applied: None,
     };
-    let mut tasks = Vec::with_capacity(ids.len());
-    for ((i, id), producer) in ids.iter().zip(producers) {
-        let sub = &cfg.topology.subtopologies[*i];
-        let collector = Collector::new(producer, counts.clone());
-        tasks.push(Task::new(
-            cfg,
-            sub,
-            id.partition,
-            &resources,
-            collector,
-            cache_share,
-            metrics.clone(),
-        )?);
-    }
-
-    let restored = restore::restore(cfg, &mut tasks, &resources, &metrics, &status.shutdown)?;
-    if let Ok(mut r) = status.restored.lock() {
-        *r = restored;
-    }
-
-    // Resume each input partition where the last commit left it.
-    let mut tpl = TopicPartitionList::new();
-    for t in &tasks {
-        tpl.add_partition(&t.input_topic, t.id.partition);
-    }
-    // On a fresh cluster the group coordinator may still be loading: retry those answers.
-    let committed = retry(Duration::from_secs(60), || {
-        consumer.committed_offsets(tpl.clone(), Duration::from_secs(30))
-    })
-    .map_err(kafka("reading committed offsets"))?;
-    let mut assignment = TopicPartitionList::new();
-    for e in committed.elements() {
-        let offset = match e.offset() {
-            Offset::Offset(o) => Offset::Offset(o),
-            _ => Offset::Beginning,
-        };
-        assignment
-            .add_partition_offset(e.topic(), e.partition(), offset)
-            .map_err(kafka("building the assignment"))?;
-    }
-    consumer
-        .assign(&assignment)
-        .map_err(kafka("assigning input partitions"))?;
-    for t in &mut tasks {
-        if cfg.exactly_once() {
-            t.collector
-                .producer
-                .begin_transaction()
-                .map_err(kafka(format!("beginning a transaction for task {}", t.id)))?;
-        }
-        t.transition(TaskState::Running);
-    }
-    status.ready.store(true, Ordering::Relaxed);
-    tracing::info!(tasks = tasks.len(), "all tasks running");
-
-    let route = Router::new(&tasks);
-    let mut next_commit = Instant::now() + cfg.commit_interval;
-    let result = (|| -> Result<(), RuntimeError> {
-        while !status.shutdown.load(Ordering::Relaxed) {
-            // Bounded batches keep the commit timer honest under a full input.
-            for _ in 0..2000 {
-                let Some(m) = consumer.poll(Duration::from_millis(50)) else {
-                    break;
-                };
-                let m = m.map_err(kafka("consuming"))?;
-                let Some(ti) = route.task(m.topic(), m.partition()) else {
-                    continue;
-                };
-                let origin = Origin {
-                    topic: m.topic(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key(),
-                    value: m.payload(),
-                };
-                tasks[ti].process(&origin, m.timestamp().to_millis().unwrap_or(-1))?;
-                if tasks[ti].wants_commit() {
-                    next_commit = Instant::now();
-                }
-                if Instant::now() >= next_commit {
-                    break;
-                }
-            }
-            if Instant::now() >= next_commit {
-                commit(cfg, &consumer, &mut tasks, &metrics)?;
-                next_commit = Instant::now() + cfg.commit_interval;
-            }
-        }
-        commit(cfg, &consumer, &mut tasks, &metrics)
-    })();
-    status.ready.store(false, Ordering::Relaxed);
+    let result = m.run_loop();
+    m.status.ready.store(false, Ordering::Relaxed);
     match result {
         Ok(()) => {
-            for t in &mut tasks {
+            for t in &mut m.tasks {
                 t.close()?;
             }
             tracing::info!("all tasks committed and closed");
@@ -253,7 +143,7 @@ pub fn run(
             // Nothing after the last commit is kept: aborted transactions (exactly-once) or
             // uncommitted offsets (at-least-once) make the next run redo it.
             if cfg.exactly_once() {
-                for t in &tasks {
+                for t in &m.tasks {
                     let _ = t
                         .collector
                         .producer
@@ -262,6 +152,273 @@ pub fn run(
             }
             Err(e)
         }
+    }
+}
+
+/// The tasks of this process and the clients they share (Kafka Streams' TaskManager).
+struct Manager<'a> {
+    cfg: &'a WorkerConfig,
+    counts: Arc<changelog::PartitionCounts>,
+    resources: StateResources,
+    consumer: BaseConsumer<LagReporter>,
+    shared: Option<Arc<collector::Producer>>,
+    metrics: Arc<Metrics>,
+    status: Arc<Status>,
+    tasks: Vec<Task>,
+    /// Generation of the assignment the tasks follow (None before the first).
+    applied: Option<i64>,
+}
+
+impl Manager<'_> {
+    fn run_loop(&mut self) -> Result<(), RuntimeError> {
+        let mut route = Router::new(&self.tasks);
+        let mut next_commit = Instant::now() + self.cfg.commit_interval;
+        while !self.status.shutdown.load(Ordering::Relaxed) {
+            if let Some((generation, ids)) = self.wanted() {
+                self.change(&ids)?;
+                self.applied = Some(generation);
+                route = Router::new(&self.tasks);
+                self.report();
+            }
+            if self.applied.is_none() {
+                // Under the operator, nothing to do until the first assignment arrives.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            // Bounded batches keep the commit timer honest under a full input.
+            for _ in 0..2000 {
+                let Some(msg) = self.consumer.poll(Duration::from_millis(50)) else {
+                    break;
+                };
+                let msg = msg.map_err(kafka("consuming"))?;
+                let Some(ti) = route.task(msg.topic(), msg.partition()) else {
+                    continue;
+                };
+                let origin = Origin {
+                    topic: msg.topic(),
+                    partition: msg.partition(),
+                    offset: msg.offset(),
+                    key: msg.key(),
+                    value: msg.payload(),
+                };
+                self.tasks[ti].process(&origin, msg.timestamp().to_millis().unwrap_or(-1))?;
+                if self.tasks[ti].wants_commit() {
+                    next_commit = Instant::now();
+                }
+                if Instant::now() >= next_commit {
+                    break;
+                }
+            }
+            if Instant::now() >= next_commit {
+                commit(self.cfg, &self.consumer, &mut self.tasks, &self.metrics)?;
+                next_commit = Instant::now() + self.cfg.commit_interval;
+            }
+        }
+        commit(self.cfg, &self.consumer, &mut self.tasks, &self.metrics)
+    }
+
+    /// Every task of the app, as (sub-topology index, id).
+    fn all_tasks(&self) -> Vec<TaskId> {
+        self.cfg
+            .topology
+            .subtopologies
+            .iter()
+            .flat_map(|s| {
+                (0..self.counts.get(&s.source.topic).copied().unwrap_or(0))
+                    .map(move |p| TaskId::new(s.id, p))
+            })
+            .collect()
+    }
+
+    /// The task set to switch to, if it changed.
+    fn wanted(&self) -> Option<(i64, Vec<TaskId>)> {
+        if !self.status.follow_assignment {
+            return self.applied.is_none().then(|| (0, self.all_tasks()));
+        }
+        let desired = self.status.desired.lock().ok()?.clone()?;
+        if Some(desired.0) == self.applied {
+            return None;
+        }
+        let all = self.all_tasks();
+        let (known, unknown): (Vec<TaskId>, Vec<TaskId>) =
+            desired.1.into_iter().partition(|t| all.contains(t));
+        if !unknown.is_empty() {
+            tracing::warn!(?unknown, "ignoring assigned tasks this app does not have");
+        }
+        Some((desired.0, known))
+    }
+
+    /// Release the tasks not in `ids` (after committing them) and take the new ones
+    /// (restoring them before they process).
+    fn change(&mut self, ids: &[TaskId]) -> Result<(), RuntimeError> {
+        let (keep, release): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
+            .into_iter()
+            .partition(|t| ids.contains(&t.id));
+        self.tasks = keep;
+        if !release.is_empty() {
+            self.tasks.extend(release);
+            commit(self.cfg, &self.consumer, &mut self.tasks, &self.metrics)?;
+            let (keep, release): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
+                .into_iter()
+                .partition(|t| ids.contains(&t.id));
+            self.tasks = keep;
+            let mut tpl = TopicPartitionList::new();
+            for mut t in release {
+                tpl.add_partition(&t.input_topic, t.id.partition);
+                if self.cfg.exactly_once() {
+                    let _ = t
+                        .collector
+                        .producer
+                        .abort_transaction(Duration::from_secs(10));
+                }
+                t.close()?;
+                tracing::info!(task = %t.id, "task released");
+            }
+            self.consumer
+                .incremental_unassign(&tpl)
+                .map_err(kafka("unassigning released partitions"))?;
+        }
+        let new: Vec<TaskId> = ids
+            .iter()
+            .filter(|id| !self.tasks.iter().any(|t| t.id == **id))
+            .copied()
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        self.status.ready.store(false, Ordering::Relaxed);
+        let mut added = self.create(&new)?;
+        self.report_tasks(&added);
+        let restored = restore::restore(
+            self.cfg,
+            &mut added,
+            &self.resources,
+            &self.metrics,
+            &self.status,
+        )?;
+        if let Ok(mut r) = self.status.restored.lock() {
+            *r = restored;
+        }
+        // Resume each input partition where the last commit left it. On a fresh cluster the
+        // group coordinator may still be loading: retry those answers.
+        let mut tpl = TopicPartitionList::new();
+        for t in &added {
+            tpl.add_partition(&t.input_topic, t.id.partition);
+        }
+        let committed = retry(Duration::from_secs(60), || {
+            self.consumer
+                .committed_offsets(tpl.clone(), Duration::from_secs(30))
+        })
+        .map_err(kafka("reading committed offsets"))?;
+        let mut assignment = TopicPartitionList::new();
+        for e in committed.elements() {
+            let offset = match e.offset() {
+                Offset::Offset(o) => Offset::Offset(o),
+                _ => Offset::Beginning,
+            };
+            assignment
+                .add_partition_offset(e.topic(), e.partition(), offset)
+                .map_err(kafka("building the assignment"))?;
+        }
+        self.consumer
+            .incremental_assign(&assignment)
+            .map_err(kafka("assigning input partitions"))?;
+        for t in &mut added {
+            if self.cfg.exactly_once() {
+                t.collector
+                    .producer
+                    .begin_transaction()
+                    .map_err(kafka(format!("beginning a transaction for task {}", t.id)))?;
+            }
+            t.transition(TaskState::Running);
+        }
+        self.tasks.extend(added);
+        self.status.ready.store(true, Ordering::Relaxed);
+        tracing::info!(tasks = self.tasks.len(), "all tasks running");
+        Ok(())
+    }
+
+    /// Create tasks (not yet restored). Under exactly-once each task has its own
+    /// transactional producer; initializing one fences any zombie owner of the task and
+    /// aborts its open transaction (so the changelog's committed end is known before
+    /// restoring). Done in parallel: each is a few round trips to the coordinator.
+    fn create(&self, ids: &[TaskId]) -> Result<Vec<Task>, RuntimeError> {
+        let cfg = self.cfg;
+        let producers: Vec<Arc<collector::Producer>> = match &self.shared {
+            Some(p) => ids.iter().map(|_| p.clone()).collect(),
+            None => std::thread::scope(|scope| {
+                let handles: Vec<_> = ids
+                    .iter()
+                    .map(|id| {
+                        scope.spawn(move || {
+                            let txn_id = format!("{}-{}", cfg.application_id, id);
+                            let p = collector::producer(cfg, Some(&txn_id))
+                                .map_err(kafka(format!("producer {txn_id}")))?;
+                            p.init_transactions(Duration::from_secs(60))
+                                .map_err(kafka(format!("initializing transactions of {txn_id}")))?;
+                            Ok(p)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(RuntimeError::Delivery("a producer thread panicked".into()))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, RuntimeError>>()
+            })?,
+        };
+        let cache_share = cfg.record_cache_bytes / (self.tasks.len() + ids.len()).max(1);
+        let mut out = Vec::with_capacity(ids.len());
+        for (id, producer) in ids.iter().zip(producers) {
+            let Some(sub) = cfg
+                .topology
+                .subtopologies
+                .iter()
+                .find(|s| s.id == id.subtopology)
+            else {
+                continue;
+            };
+            let collector = Collector::new(producer, self.counts.clone());
+            out.push(Task::new(
+                cfg,
+                sub,
+                id.partition,
+                &self.resources,
+                collector,
+                cache_share,
+                self.metrics.clone(),
+            )?);
+        }
+        Ok(out)
+    }
+
+    fn report_tasks(&self, extra: &[Task]) {
+        let Ok(mut r) = self.status.report.lock() else {
+            return;
+        };
+        r.applied_generation = self.applied.unwrap_or(0);
+        r.tasks = self
+            .tasks
+            .iter()
+            .chain(extra)
+            .map(|t| {
+                (
+                    t.id.to_string(),
+                    TaskStatus {
+                        state: t.state.name().to_string(),
+                        restore_backlog: 0,
+                        lag: None,
+                    },
+                )
+            })
+            .collect();
+    }
+
+    fn report(&self) {
+        self.report_tasks(&[]);
     }
 }
 

@@ -24,6 +24,17 @@ pub enum TaskState {
 }
 
 impl TaskState {
+    /// The name users see in status and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskState::Created => "CREATED",
+            TaskState::Restoring => "RESTORING",
+            TaskState::Running => "RUNNING",
+            TaskState::Suspended => "SUSPENDED",
+            TaskState::Closed => "CLOSED",
+        }
+    }
+
     pub fn label(self) -> TaskStateLabel {
         match self {
             TaskState::Created => TaskStateLabel::CREATED,

@@ -172,6 +172,8 @@ final class Cli {
             b.append(c.getClass().getName());
             if (c.getMessage() != null) {
                 b.append(": ").append(c.getMessage());
+            } else if (c instanceof java.util.concurrent.TimeoutException) {
+                b.append(" (a request to Kafka timed out: is the broker at --bootstrap up?)");
             }
         }
         return b.toString();

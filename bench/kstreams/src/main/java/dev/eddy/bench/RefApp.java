@@ -162,7 +162,11 @@ public final class RefApp {
             // Start from an empty local state for this app id so that everything is restored.
             streams.cleanUp();
         }
-        Runtime.getRuntime().addShutdownHook(new Thread(this::closeStreams, "refapp-shutdown"));
+        // SIGTERM/SIGINT: close cleanly (commits) and let the JVM exit with the signal's status.
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            signalled = true;
+            closeStreams();
+        }, "refapp-shutdown"));
 
         final Properties adminProps = new Properties();
         adminProps.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
@@ -273,7 +277,13 @@ public final class RefApp {
 
     // ------------------------------------------------------------------------------ lifecycle
 
-    private void checkHealthy() {
+    private volatile boolean signalled;
+
+    private void checkHealthy() throws InterruptedException {
+        if (signalled) {
+            // The shutdown hook is closing Kafka Streams; the JVM exits when it is done.
+            Thread.sleep(Long.MAX_VALUE);
+        }
         final Throwable f = failure.get();
         if (f != null) {
             throw new IllegalStateException("Kafka Streams failed: " + Cli.describe(f), f);

@@ -33,7 +33,7 @@ public final class Verify {
     static final String USAGE = String.join("\n",
         "usage: java -cp refapp.jar dev.eddy.bench.Verify --bootstrap HOST:PORT --case count|sum",
         "         --input TOPIC --output TOPIC [--dump FILE] [--timeout-s S (120)]",
-        "  count: expected[key] = number of input records with that (non-null) key;",
+        "  count: expected[key] = number of input records with that key and a non-null value;",
         "         output value must be an 8-byte big-endian long",
         "  sum:   expected[user] = sum of amount over input values with status 200 (Payment rules);",
         "         output value must be the UTF-8 decimal text of a long",
@@ -66,13 +66,13 @@ public final class Verify {
         final long[] inputRecords = {0};
         readAll(bootstrap, input, timeoutMs, (k, v) -> {
             inputRecords[0]++;
-            if (k == null) {
-                return; // Kafka Streams drops records with a null key in groupByKey().count()
-            }
-            final String key = new String(k, StandardCharsets.UTF_8);
             if (caseName.equals("count")) {
-                expected.merge(key, 1L, Long::sum);
+                // groupByKey().count() (KStreamAggregate) skips records with a null key or value.
+                if (k != null && v != null) {
+                    expected.merge(new String(k, StandardCharsets.UTF_8), 1L, Long::sum);
+                }
             } else {
+                // The input key plays no part: the filter reads the value, groupBy re-keys by user.
                 final Payment p = Payment.parse(v == null ? null : new String(v, StandardCharsets.UTF_8));
                 if (p.counts) {
                     expected.merge(p.user, p.amount, Long::sum);
