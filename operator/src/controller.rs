@@ -177,9 +177,10 @@ async fn apply_objects(ctx: &Ctx, ns: &str, o: &Objects) -> Result<(), Error> {
     Ok(())
 }
 
-/// Merge-patch the status the operator owns. Workers own their own `status.workers.<pod>`
-/// entries (server-side apply, one field manager per pod), so the operator only removes
-/// entries of pods that are gone.
+/// Patch the status by a JSON merge patch holding only what changed. Workers own their
+/// `status.workers.<pod>` entries (server-side apply, one field manager per pod), so the
+/// operator leaves them alone except to remove entries of pods that are gone; and a merge
+/// patch only removes map keys it sets to null, which the diff does for every key dropped.
 async fn patch_status(
     app: &StatefulStreamApp,
     ctx: &Ctx,
@@ -187,29 +188,47 @@ async fn patch_status(
 ) -> Result<(), Error> {
     let api: Api<StatefulStreamApp> =
         Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
-    let mut v = serde_json::to_value(status).map_err(|e| Error::Kafka(e.to_string()))?;
-    let mut workers = serde_json::Map::new();
-    for pod in app
-        .status
-        .as_ref()
-        .map(|s| s.workers.keys().cloned().collect::<Vec<_>>())
-        .unwrap_or_default()
-    {
-        if !status.workers.contains_key(&pod) {
-            workers.insert(pod, serde_json::Value::Null);
-        }
-    }
-    v["workers"] = serde_json::Value::Object(workers);
-    if app.status.as_ref() == Some(status) {
+    let old = serde_json::to_value(app.status.clone().unwrap_or_default())
+        .map_err(|e| Error::Kafka(e.to_string()))?;
+    let new = serde_json::to_value(status).map_err(|e| Error::Kafka(e.to_string()))?;
+    let Some(diff) = merge_diff(&old, &new) else {
         return Ok(());
-    }
+    };
     api.patch_status(
         &app.name_any(),
         &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"status": v})),
+        &Patch::Merge(serde_json::json!({"status": diff})),
     )
     .await?;
     Ok(())
+}
+
+/// The RFC 7386 merge patch turning `old` into `new`, or None if they are equal.
+pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = serde_json::Map::new();
+            for (k, v) in n {
+                match o.get(k) {
+                    Some(ov) => {
+                        if let Some(d) = merge_diff(ov, v) {
+                            patch.insert(k.clone(), d);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            for k in o.keys().filter(|k| !n.contains_key(*k)) {
+                patch.insert(k.clone(), Value::Null);
+            }
+            (!patch.is_empty()).then_some(Value::Object(patch))
+        }
+        (o, n) if o == n => None,
+        (_, n) => Some(n.clone()),
+    }
 }
 
 /// On delete: remove internal topics if the app asked for it, then let Kubernetes' garbage
@@ -231,6 +250,24 @@ async fn cleanup(app: &StatefulStreamApp, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_diff;
+    use serde_json::json;
+
+    #[test]
+    fn merge_diff_nulls_dropped_keys_and_omits_unchanged_ones() {
+        let old =
+            json!({"a": 1, "pods": {"p0": {"x": [1]}, "p1": {"x": [2]}}, "workers": {"p0": 1}});
+        let new = json!({"a": 1, "pods": {"p0": {"x": [1, 2]}}, "workers": {"p0": 1}});
+        assert_eq!(
+            merge_diff(&old, &new),
+            Some(json!({"pods": {"p0": {"x": [1, 2]}, "p1": null}}))
+        );
+        assert_eq!(merge_diff(&new, &new), None);
+    }
 }
 
 /// Install the CRD (used by tests and `eddy-operator install-crd`).
