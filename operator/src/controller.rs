@@ -252,24 +252,6 @@ async fn cleanup(app: &StatefulStreamApp, ctx: &Ctx) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::merge_diff;
-    use serde_json::json;
-
-    #[test]
-    fn merge_diff_nulls_dropped_keys_and_omits_unchanged_ones() {
-        let old =
-            json!({"a": 1, "pods": {"p0": {"x": [1]}, "p1": {"x": [2]}}, "workers": {"p0": 1}});
-        let new = json!({"a": 1, "pods": {"p0": {"x": [1, 2]}}, "workers": {"p0": 1}});
-        assert_eq!(
-            merge_diff(&old, &new),
-            Some(json!({"pods": {"p0": {"x": [1, 2]}, "p1": null}}))
-        );
-        assert_eq!(merge_diff(&new, &new), None);
-    }
-}
-
 /// Install the CRD (used by tests and `eddy-operator install-crd`).
 pub async fn install_crd(client: Client) -> Result<(), Error> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -286,4 +268,22 @@ pub async fn install_crd(client: Client) -> Result<(), Error> {
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_diff;
+    use serde_json::json;
+
+    #[test]
+    fn merge_diff_nulls_dropped_keys_and_omits_unchanged_ones() {
+        let old =
+            json!({"a": 1, "pods": {"p0": {"x": [1]}, "p1": {"x": [2]}}, "workers": {"p0": 1}});
+        let new = json!({"a": 1, "pods": {"p0": {"x": [1, 2]}}, "workers": {"p0": 1}});
+        assert_eq!(
+            merge_diff(&old, &new),
+            Some(json!({"pods": {"p0": {"x": [1, 2]}, "p1": null}}))
+        );
+        assert_eq!(merge_diff(&new, &new), None);
+    }
 }
