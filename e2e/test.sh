@@ -20,6 +20,14 @@ cargo build --release --workspace --all-targets
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
+step "helm lint and template (helm and the control plane built from Go modules, cached)"
+k8s_bin=$("$root/e2e/k8s/cluster.sh" bin | tail -n 1)
+"$k8s_bin/helm" lint charts/eddy-operator
+"$k8s_bin/helm" template t charts/eddy-operator --namespace eddy-system >/dev/null
+if "$k8s_bin/helm" template t charts/eddy-operator --set replicaCount=-1 >/dev/null 2>&1; then
+  echo "values.schema.json must reject replicaCount=-1" >&2; exit 1
+fi
+
 step "starting a local Kafka broker"
 bootstrap=$("$root/e2e/kafka/kafka.sh" start --name test)
 trap '"$root/e2e/kafka/kafka.sh" stop --name test >/dev/null 2>&1 || true' EXIT

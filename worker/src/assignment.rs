@@ -56,20 +56,28 @@ pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::
     Ok(())
 }
 
-/// Report this worker's tasks into `status.workers.<pod>` whenever they change, at most
-/// every `every`, and at least every minute as a heartbeat.
+/// Report this worker's tasks into `status.workers.<pod>` when they change: at most every
+/// `every`, but every 250 ms while a task restores so the backlog is seen falling, and at
+/// least every minute as a heartbeat.
 pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Duration) {
     let api: Api<StatefulStreamApp> = Api::namespaced(client, &link.namespace);
     let params = PatchParams::apply(&link.pod).force();
     let mut last = None;
     let mut last_sent = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
         let mut report = match status.report.lock() {
             Ok(r) => r.clone(),
             Err(_) => continue,
         };
-        if last.as_ref() == Some(&report) && last_sent.elapsed() < Duration::from_secs(60) {
+        let restoring = report.tasks.values().any(|t| t.restore_backlog > 0);
+        let changed = last.as_ref() != Some(&report);
+        let due = if changed && (restoring || last_sent.elapsed() >= every) {
+            true
+        } else {
+            last_sent.elapsed() >= Duration::from_secs(60)
+        };
+        if !due {
             continue;
         }
         let sent = report.clone();

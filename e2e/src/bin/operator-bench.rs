@@ -1,0 +1,195 @@
+//! `operator-bench`: the operator's benchmark on a real local control plane and Kafka broker.
+//! Measures the time from a spec change to the updated StatefulSet (median of 10 changes) and
+//! the operator's peak RSS while it manages 50 apps.
+
+use anyhow::{Context, Result, bail};
+use eddy_e2e::*;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn main() -> Result<()> {
+    let apps = std::env::args()
+        .skip_while(|a| a != "--apps")
+        .nth(1)
+        .map(|v| v.parse::<usize>())
+        .transpose()?
+        .unwrap_or(50);
+    let bs = bootstrap()?;
+    let script = repo_root().join("e2e/k8s/cluster.sh");
+    let name = format!("opbench-{}", std::process::id());
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(["start", "--name", &name])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "cluster.sh start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _stop = Stop(name.clone());
+    let kubeconfig = PathBuf::from(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim(),
+    );
+    let bin = PathBuf::from(
+        String::from_utf8_lossy(
+            &Command::new("bash")
+                .arg(&script)
+                .arg("bin")
+                .output()?
+                .stdout,
+        )
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim(),
+    );
+    let kubectl = |args: &[&str], stdin: Option<&str>| -> Result<String> {
+        let mut c = Command::new(bin.join("kubectl"))
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        if let (Some(t), Some(mut s)) = (stdin, c.stdin.take()) {
+            s.write_all(t.as_bytes())?;
+        }
+        let o = c.wait_with_output()?;
+        if !o.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).to_string())
+    };
+    kubectl(
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            &repo_root()
+                .join("crds/statefulstreamapp.yaml")
+                .to_string_lossy(),
+        ],
+        None,
+    )?;
+    kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/statefulstreamapps.eddy.dev",
+            "--timeout=60s",
+        ],
+        None,
+    )?;
+    let topic = unique("opbench-in");
+    create_topic(&topic, 6)?;
+
+    let mut op = Command::new(binary("eddy-operator")?)
+        .args([
+            "run",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--namespace",
+            "default",
+            "--identity",
+            "bench",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("EDDY_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let pid = op.id();
+    let app = |i: usize, commit: u64| {
+        format!(
+            "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {{name: app-{i}}}\nspec:\n  replicas: 2\n  commitIntervalMs: {commit}\n  kafka: {{bootstrapServers: \"{bs}\"}}\n  topology:\n    - from: {{topic: {topic}}}\n    - count: {{store: c}}\n"
+        )
+    };
+    let all: String = (0..apps).map(|i| app(i, 1000) + "---\n").collect();
+    let started = Instant::now();
+    kubectl(&["apply", "-f", "-"], Some(&all))?;
+    wait_until(Duration::from_secs(300), || {
+        let gens = kubectl(
+            &[
+                "get",
+                "ssapp",
+                "-o",
+                "jsonpath={.items[*].status.assignment.generation}",
+            ],
+            None,
+        )?;
+        Ok(gens.split_whitespace().count() == apps)
+    })?;
+    let all_assigned = started.elapsed();
+    let hash = || {
+        kubectl(
+            &[
+                "get",
+                "sts",
+                "app-0",
+                "-o",
+                "jsonpath={.spec.template.metadata.annotations.eddy\\.dev/spec-hash}",
+            ],
+            None,
+        )
+    };
+    let mut latencies = Vec::new();
+    for n in 0..10u64 {
+        let before = hash()?;
+        let t = Instant::now();
+        kubectl(&["apply", "-f", "-"], Some(&app(0, 2000 + n)))?;
+        wait_until(Duration::from_secs(60), || Ok(hash()? != before))?;
+        latencies.push(t.elapsed().as_secs_f64());
+    }
+    latencies.sort_by(f64::total_cmp);
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).context("operator exited")?;
+    let hwm: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    let _ = op.kill();
+    let _ = op.wait();
+    delete_topics(&[&topic])?;
+    println!("| measure | value | target |");
+    println!("|---|---:|---:|");
+    println!(
+        "| {apps} apps created → all assigned | {:.2} s | |",
+        all_assigned.as_secs_f64()
+    );
+    println!(
+        "| spec change → StatefulSet updated (median of 10, kubectl round trips included) | {:.3} s | < 1 s |",
+        latencies[latencies.len() / 2]
+    );
+    println!(
+        "| slowest of the 10 | {:.3} s | |",
+        latencies[latencies.len() - 1]
+    );
+    println!(
+        "| operator peak RSS with {apps} apps | {:.1} MiB | < 64 MiB |",
+        hwm / 1024.0
+    );
+    Ok(())
+}
+
+struct Stop(String);
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo_root().join("e2e/k8s/cluster.sh"))
+            .args(["stop", "--name", &self.0])
+            .output();
+    }
+}

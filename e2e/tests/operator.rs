@@ -1,0 +1,475 @@
+//! The operator end to end, on a real control plane (etcd, kube-apiserver,
+//! kube-controller-manager from `e2e/k8s/cluster.sh`), a real Kafka broker, and worker pods
+//! run as local `eddy-worker` processes by the pod runner: install the chart's CRD and RBAC,
+//! run the operator with its own ServiceAccount's rights, `kubectl apply` an app, and check
+//! what a user would: objects, correct output, readable status, scale, bad apps, deletion.
+
+use anyhow::{Context, Result, bail, ensure};
+use eddy_e2e::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(180);
+const NS: &str = "eddy-system";
+
+struct ControlPlane {
+    name: String,
+    kubeconfig: PathBuf,
+    bin: PathBuf,
+}
+
+impl ControlPlane {
+    fn start(name: &str) -> Result<Self> {
+        let script = repo_root().join("e2e/k8s/cluster.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(["start", "--name", name])
+            .stderr(Stdio::inherit())
+            .output()?;
+        ensure!(out.status.success(), "e2e/k8s/cluster.sh start failed");
+        let kubeconfig = PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim(),
+        );
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("bin")
+            .stderr(Stdio::inherit())
+            .output()?;
+        let bin = PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim(),
+        );
+        Ok(Self {
+            name: name.to_string(),
+            kubeconfig,
+            bin,
+        })
+    }
+
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        self.tool("kubectl", args, stdin)
+    }
+
+    fn tool(&self, tool: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        let mut child = Command::new(self.bin.join(tool))
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .current_dir(repo_root())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        if let (Some(text), Some(mut s)) = (stdin, child.stdin.take()) {
+            s.write_all(text.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "{tool} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    }
+
+    /// A kubeconfig holding a token of a ServiceAccount: whoever uses it has exactly its rights.
+    fn kubeconfig_for(&self, ns: &str, sa: &str, dir: &Path) -> Result<PathBuf> {
+        let token = self.kubectl(&["-n", ns, "create", "token", sa, "--duration", "2h"], None)?;
+        let server = self.kubectl(
+            &[
+                "config",
+                "view",
+                "--raw",
+                "-o",
+                "jsonpath={.clusters[0].cluster.server}",
+            ],
+            None,
+        )?;
+        let ca = self.kubectl(
+            &[
+                "config",
+                "view",
+                "--raw",
+                "-o",
+                "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+            ],
+            None,
+        )?;
+        let path = dir.join(format!("{sa}.kubeconfig"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: {server}, certificate-authority-data: {ca}}}}}]\nusers: [{{name: u, user: {{token: {}}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u, namespace: {ns}}}}}]\ncurrent-context: x\n",
+                token.trim()
+            ),
+        )?;
+        Ok(path)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo_root().join("e2e/k8s/cluster.sh"))
+            .args(["stop", "--name", &self.name])
+            .output();
+    }
+}
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(bin: &str, args: &[&str], envs: &[(&str, &Path)], log: &Path) -> Result<Process> {
+    let out = std::fs::File::create(log)?;
+    let child = Command::new(binary(bin)?)
+        .args(args)
+        .envs(envs.iter().map(|(k, v)| (*k, *v)))
+        .env("EDDY_LOG", "info,kube=warn")
+        .stdout(Stdio::null())
+        .stderr(out)
+        .spawn()?;
+    Ok(Process(child))
+}
+
+fn jsonpath(cp: &ControlPlane, ns: &str, what: &str, path: &str) -> String {
+    cp.kubectl(
+        &["-n", ns, "get", what, "-o", &format!("jsonpath={path}")],
+        None,
+    )
+    .unwrap_or_default()
+}
+
+fn app_yaml(name: &str, replicas: i32, bs: &str, input: &str, output: &str, extra: &str) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  kafka: {{bootstrapServers: "{bs}"}}
+  commitIntervalMs: 200
+{extra}  topology:
+    - from: {{topic: {input}}}
+    - count: {{store: counts}}
+    - to: {{topic: {output}, value: i64}}
+"#
+    )
+}
+
+#[test]
+fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
+    let bs = bootstrap()?;
+    let cp = ControlPlane::start(&format!("op-{}", std::process::id()))?;
+    let dir = tempfile::tempdir()?;
+
+    // The chart's CRD and RBAC, as `helm install` would create them (the operator itself
+    // runs here as a local process with its ServiceAccount's token).
+    cp.kubectl(&["create", "namespace", NS], None)?;
+    cp.kubectl(
+        &["apply", "--server-side", "-f", "charts/eddy-operator/crds/"],
+        None,
+    )?;
+    let rbac = cp.tool(
+        "helm",
+        &[
+            "template",
+            "t",
+            "charts/eddy-operator",
+            "--namespace",
+            NS,
+            "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
+            "templates/rbac.yaml",
+        ],
+        None,
+    )?;
+    cp.kubectl(&["apply", "-f", "-"], Some(&rbac))?;
+    cp.kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/statefulstreamapps.eddy.dev",
+            "--timeout=60s",
+        ],
+        None,
+    )?;
+    let op_kubeconfig = cp.kubeconfig_for(NS, "t-eddy-operator", dir.path())?;
+
+    let op_port = TcpPort::free()?;
+    let _operator = spawn(
+        "eddy-operator",
+        &[
+            "run",
+            "--http-addr",
+            &format!("127.0.0.1:{op_port}"),
+            "--namespace",
+            NS,
+            "--identity",
+            "op-a",
+        ],
+        &[("KUBECONFIG", &op_kubeconfig)],
+        &dir.path().join("operator.log"),
+    )?;
+    let _runner = spawn(
+        "pod-runner",
+        &[
+            "--kubeconfig",
+            &cp.kubeconfig.to_string_lossy(),
+            "--node",
+            "e2e-node",
+            "--root",
+            &dir.path().join("node").to_string_lossy(),
+        ],
+        &[],
+        &dir.path().join("runner.log"),
+    )?;
+
+    let app = unique("op");
+    let (input, output) = (format!("{app}-in"), format!("{app}-out"));
+    create_topic(&input, 4)?;
+    create_topic(&output, 2)?;
+    let records: Vec<Input> = (0..4000)
+        .map(|i| {
+            (
+                Some(format!("k{}", i % 40).into_bytes()),
+                Some(b"{}".to_vec()),
+            )
+        })
+        .collect();
+    produce(&input, &records)?;
+
+    let ns = "default";
+    let yaml = app_yaml(&app, 2, &bs, &input, &output, "  cleanupPolicy: Delete\n");
+    cp.kubectl(&["-n", ns, "apply", "-f", "-"], Some(&yaml))?;
+
+    // The objects appear, owned by the app.
+    wait_until(WAIT, || {
+        Ok(jsonpath(&cp, ns, &format!("statefulset/{app}"), "{.spec.replicas}") == "2")
+    })
+    .with_context(|| logs(dir.path()))?;
+    for what in [
+        format!("service/{app}-workers"),
+        format!("configmap/{app}-app"),
+        format!("serviceaccount/{app}-worker"),
+        format!("role/{app}-worker"),
+        format!("rolebinding/{app}-worker"),
+        format!("poddisruptionbudget/{app}"),
+    ] {
+        let owner = jsonpath(
+            &cp,
+            ns,
+            &what,
+            "{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
+        );
+        ensure!(
+            owner == format!("StatefulStreamApp/{app}"),
+            "{what} is owned by {owner:?}"
+        );
+    }
+
+    // Workers run their assigned tasks and produce the right counts.
+    wait_until(WAIT, || {
+        let last = latest_by_key(&output)?;
+        Ok(last.len() == 40 && last.values().all(|v| v.as_slice() == 100i64.to_be_bytes()))
+    })
+    .with_context(|| logs(dir.path()))?;
+    wait_until(WAIT, || {
+        Ok(jsonpath(&cp, ns, &format!("ssapp/{app}"), "{.status.phase}") == "Running")
+    })
+    .with_context(|| {
+        format!(
+            "status: {}\n{}",
+            jsonpath(&cp, ns, &format!("ssapp/{app}"), "{.status}"),
+            logs(dir.path())
+        )
+    })?;
+    let tasks = jsonpath(
+        &cp,
+        ns,
+        &format!("ssapp/{app}"),
+        "{.status.workers.*.tasks.*.state}",
+    );
+    ensure!(
+        tasks.split_whitespace().filter(|s| *s == "RUNNING").count() == 4,
+        "task states: {tasks}"
+    );
+    let table = cp.kubectl(&["-n", ns, "get", "ssapp", &app], None)?;
+    ensure!(
+        table.contains("READY") && table.contains("PHASE") && table.contains("BACKLOG"),
+        "{table}"
+    );
+    ensure!(
+        table.contains("2/2") && table.contains("Running"),
+        "{table}"
+    );
+
+    // kubectl scale goes through the scale subresource to the StatefulSet.
+    cp.kubectl(&["-n", ns, "scale", "ssapp", &app, "--replicas=3"], None)?;
+    wait_until(WAIT, || {
+        Ok(jsonpath(&cp, ns, &format!("statefulset/{app}"), "{.spec.replicas}") == "3")
+    })?;
+    wait_until(WAIT, || {
+        Ok(jsonpath(&cp, ns, &format!("ssapp/{app}"), "{.status.readyReplicas}") == "3")
+    })
+    .with_context(|| logs(dir.path()))?;
+
+    // A worker that lost its volume restores its tasks from the changelog: the status shows
+    // the backlog while it does, and it falls back to 0.
+    let more: Vec<Input> = (0..200_000)
+        .map(|i| (Some(format!("big-{i}").into_bytes()), Some(b"{}".to_vec())))
+        .collect();
+    produce(&input, &more)?;
+    wait_until(WAIT, || {
+        Ok(read_count_committed(&format!("{app}-counts-changelog"))? >= 200_040)
+    })?;
+    let pvc_dir = dir
+        .path()
+        .join("node/pvcs")
+        .join(ns)
+        .join(format!("state-{app}-0"));
+    ensure!(pvc_dir.exists(), "no PVC dir at {}", pvc_dir.display());
+    cp.kubectl(
+        &[
+            "-n",
+            ns,
+            "delete",
+            "pod",
+            &format!("{app}-0"),
+            "--wait=true",
+        ],
+        None,
+    )?;
+    std::fs::remove_dir_all(&pvc_dir)?;
+    let mut max_backlog = 0i64;
+    wait_until(WAIT, || {
+        let b: i64 = jsonpath(&cp, ns, &format!("ssapp/{app}"), "{.status.backlog}")
+            .parse()
+            .unwrap_or(0);
+        max_backlog = max_backlog.max(b);
+        Ok(max_backlog > 0)
+    })
+    .with_context(|| logs(dir.path()))?;
+    wait_until(WAIT, || {
+        Ok(
+            jsonpath(&cp, ns, &format!("ssapp/{app}"), "{.status.backlog}") == "0"
+                && jsonpath(&cp, ns, &format!("ssapp/{app}"), "{.status.phase}") == "Running",
+        )
+    })
+    .with_context(|| logs(dir.path()))?;
+    ensure!(
+        max_backlog > 1000,
+        "the status showed a backlog of only {max_backlog} records"
+    );
+
+    // Nonsense is rejected at admission with what to fix; a missing topic is Degraded.
+    let bad = app_yaml(
+        "bad-standbys",
+        2,
+        &bs,
+        &input,
+        &output,
+        "  numStandbyReplicas: 2\n",
+    );
+    let err = cp
+        .kubectl(&["-n", ns, "apply", "-f", "-"], Some(&bad))
+        .expect_err("admission must refuse");
+    ensure!(
+        err.to_string()
+            .contains("numStandbyReplicas must be less than replicas"),
+        "{err}"
+    );
+    let missing = app_yaml("missing-topic", 1, &bs, "no-such-topic", &output, "");
+    cp.kubectl(&["-n", ns, "apply", "-f", "-"], Some(&missing))?;
+    wait_until(WAIT, || {
+        Ok(jsonpath(
+            &cp,
+            ns,
+            "ssapp/missing-topic",
+            "{.status.conditions[?(@.type==\"Degraded\")].reason}",
+        ) == "SourceTopicMissing")
+    })?;
+    cp.kubectl(&["-n", ns, "delete", "ssapp", "missing-topic"], None)?;
+
+    // Deleting the app removes its objects and, with cleanupPolicy Delete, its topics.
+    cp.kubectl(
+        &[
+            "-n",
+            ns,
+            "delete",
+            "ssapp",
+            &app,
+            "--wait=true",
+            "--timeout=120s",
+        ],
+        None,
+    )?;
+    wait_until(WAIT, || {
+        Ok(jsonpath(&cp, ns, &format!("statefulset/{app}"), "{.metadata.name}").is_empty())
+    })?;
+    wait_until(WAIT, || {
+        Ok(topics_with_prefix(&format!("{app}-counts"))?.is_empty())
+    })?;
+    delete_topics(&[&input, &output])?;
+    Ok(())
+}
+
+/// Records in a topic, from its watermarks.
+fn read_count_committed(topic: &str) -> Result<i64> {
+    Ok(read_all(topic)?.len() as i64)
+}
+
+fn logs(dir: &Path) -> String {
+    ["operator.log", "runner.log"]
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(30).collect();
+            format!(
+                "--- {f}\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+struct TcpPort;
+
+impl TcpPort {
+    fn free() -> Result<u16> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port())
+    }
+}
