@@ -389,21 +389,7 @@ impl Worker {
     }
 
     fn get(&self, path: &str) -> Result<(u16, String)> {
-        let mut s = TcpStream::connect(&self.http)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.http)?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        let code = body
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let text = body
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((code, text))
+        http_get(&self.http, path)
     }
 
     /// Wait until `/readyz` answers 200 (every task RUNNING); fails early if the worker exits.
@@ -484,6 +470,25 @@ impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.kill9();
     }
+}
+
+/// A plain HTTP/1.0 GET on a local address: (status code, body).
+pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    let code = body
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let text = body
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, text))
 }
 
 /// Sum of the samples of `name` in OpenMetrics text whose line contains all `filters`.

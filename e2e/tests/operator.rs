@@ -241,6 +241,44 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
         &[("KUBECONFIG", &op_kubeconfig)],
         &dir.path().join("operator.log"),
     )?;
+    // A second replica waits on the Lease: one leader at a time.
+    let op_b_port = TcpPort::free()?;
+    let _operator_b = spawn(
+        "eddy-operator",
+        &[
+            "run",
+            "--http-addr",
+            &format!("127.0.0.1:{op_b_port}"),
+            "--namespace",
+            NS,
+            "--identity",
+            "op-b",
+        ],
+        &[("KUBECONFIG", &op_kubeconfig)],
+        &dir.path().join("operator-b.log"),
+    )?;
+    let leader = |port: u16| -> Result<f64> {
+        Ok(sum_metric(
+            &http_get(&format!("127.0.0.1:{port}"), "/metrics")?.1,
+            "eddy_operator_leader",
+            &[],
+        ))
+    };
+    wait_until(WAIT, || {
+        Ok(leader(op_port).unwrap_or(0.0) + leader(op_b_port).unwrap_or(0.0) == 1.0)
+    })
+    .with_context(|| logs(dir.path()))?;
+    let holder = jsonpath(
+        &cp,
+        NS,
+        "lease/eddy-operator-leader",
+        "{.spec.holderIdentity}",
+    );
+    ensure!(
+        holder == "op-a" || holder == "op-b",
+        "lease held by {holder:?}"
+    );
+
     let _runner = spawn(
         "pod-runner",
         &[
@@ -420,6 +458,11 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
         ) == "SourceTopicMissing")
     })?;
     cp.kubectl(&["-n", ns, "delete", "ssapp", "missing-topic"], None)?;
+
+    ensure!(
+        leader(op_port).unwrap_or(0.0) + leader(op_b_port).unwrap_or(0.0) == 1.0,
+        "still exactly one leader"
+    );
 
     // Deleting the app removes its objects and, with cleanupPolicy Delete, its topics.
     cp.kubectl(

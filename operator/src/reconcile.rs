@@ -575,6 +575,50 @@ mod tests {
     }
 
     #[test]
+    fn kafka_tls_and_sasl_come_from_secrets_not_the_config_map() {
+        let with = app(&PV.replace(
+            "replicas: 2\n",
+            "replicas: 2\n  kafka:\n    tls: {ca: {name: kafka-ca, key: ca.crt}}\n    sasl: {mechanism: SCRAM-SHA-512, username: {name: creds, key: user}, password: {name: creds, key: pass}}\n",
+        ));
+        let d = reconcile(&with, &Observed::default(), &kafka(&[("views", 2)]), "t0");
+        let o = d.objects.expect("objects");
+        let pod = o.stateful_set.spec.template.spec.expect("pod spec");
+        let c = &pod.containers[0];
+        let env: std::collections::BTreeMap<String, String> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| {
+                let from = e
+                    .value_from
+                    .as_ref()
+                    .and_then(|f| f.secret_key_ref.as_ref())
+                    .map(|s| format!("secret:{}/{}", s.name, s.key));
+                (e.name.clone(), e.value.clone().or(from).unwrap_or_default())
+            })
+            .collect();
+        assert_eq!(env["EDDY_KAFKA_CA_FILE"], "/etc/eddy/kafka/ca/ca.crt");
+        assert_eq!(env["EDDY_KAFKA_SASL_PASSWORD"], "secret:creds/pass");
+        assert_eq!(env["EDDY_KAFKA_SASL_MECHANISM"], "SCRAM-SHA-512");
+        let vol = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "kafka-ca")
+            .expect("CA volume");
+        assert_eq!(
+            vol.secret.as_ref().and_then(|s| s.secret_name.clone()),
+            Some("kafka-ca".into())
+        );
+        assert!(
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == "/etc/eddy/kafka/ca")
+        );
+    }
+
+    #[test]
     fn worker_role_only_reads_its_app_and_patches_its_status() {
         let d = reconcile(
             &app(PV),

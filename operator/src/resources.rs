@@ -11,8 +11,9 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec,
-    PodTemplateSpec, Probe, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
+    HTTPGetAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe, SecretKeySelector,
+    SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
     VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -233,7 +234,7 @@ fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet,
     let storage = spec.storage.clone().unwrap_or_default();
     // Workers are configured through the environment so that whatever runs the pod (a
     // kubelet, or the e2e pod runner) can point them elsewhere.
-    let env_vars = vec![
+    let mut env_vars = vec![
         env("EDDY_APP_FILE", APP_FILE),
         env("EDDY_STATE_DIR", STATE_DIR),
         env("EDDY_HTTP_ADDR", &format!("0.0.0.0:{HTTP_PORT}")),
@@ -241,6 +242,8 @@ fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet,
         field_env("EDDY_INSTANCE_ID", "metadata.name"),
         field_env("EDDY_NAMESPACE", "metadata.namespace"),
     ];
+    let (kafka_env, kafka_volumes, kafka_mounts) = kafka_credentials(&spec.kafka);
+    env_vars.extend(kafka_env);
     let container = Container {
         name: "worker".into(),
         image: Some(spec.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into())),
@@ -254,19 +257,24 @@ fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet,
         readiness_probe: Some(probe("/readyz")),
         liveness_probe: Some(probe("/healthz")),
         resources: spec.resources.clone(),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: "state".into(),
-                mount_path: STATE_DIR.into(),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: "app".into(),
-                mount_path: "/etc/eddy".into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-        ]),
+        volume_mounts: Some(
+            [
+                VolumeMount {
+                    name: "state".into(),
+                    mount_path: STATE_DIR.into(),
+                    ..Default::default()
+                },
+                VolumeMount {
+                    name: "app".into(),
+                    mount_path: "/etc/eddy".into(),
+                    read_only: Some(true),
+                    ..Default::default()
+                },
+            ]
+            .into_iter()
+            .chain(kafka_mounts)
+            .collect(),
+        ),
         ..Default::default()
     };
     let mut template = PodTemplateSpec {
@@ -283,14 +291,18 @@ fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet,
             service_account_name: Some(worker_account(app)),
             termination_grace_period_seconds: Some(60),
             containers: vec![container],
-            volumes: Some(vec![Volume {
-                name: "app".into(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: format!("{}-app", name(app)),
+            volumes: Some(
+                std::iter::once(Volume {
+                    name: "app".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: format!("{}-app", name(app)),
+                        ..Default::default()
+                    }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            }]),
+                })
+                .chain(kafka_volumes)
+                .collect(),
+            ),
             ..Default::default()
         }),
     };
@@ -341,6 +353,68 @@ fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet,
         },
         ..Default::default()
     })
+}
+
+/// TLS material mounted from Secrets (the worker reads the files named by
+/// `EDDY_KAFKA_*_FILE`), SASL credentials passed from Secrets as environment: they never
+/// appear in the ConfigMap.
+fn kafka_credentials(
+    kafka: &eddy_crds::spec::KafkaSpec,
+) -> (Vec<EnvVar>, Vec<Volume>, Vec<VolumeMount>) {
+    let (mut envs, mut volumes, mut mounts) = (Vec::new(), Vec::new(), Vec::new());
+    let tls = kafka.tls.clone().unwrap_or_default();
+    for (what, file, r) in [
+        ("ca", "ca.crt", &tls.ca),
+        ("cert", "tls.crt", &tls.cert),
+        ("key", "tls.key", &tls.key),
+    ] {
+        let Some(r) = r else { continue };
+        let dir = format!("/etc/eddy/kafka/{what}");
+        volumes.push(Volume {
+            name: format!("kafka-{what}"),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(r.name.clone()),
+                items: Some(vec![KeyToPath {
+                    key: r.key.clone(),
+                    path: file.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: format!("kafka-{what}"),
+            mount_path: dir.clone(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+        envs.push(env(
+            &format!("EDDY_KAFKA_{}_FILE", what.to_uppercase()),
+            &format!("{dir}/{file}"),
+        ));
+    }
+    if let Some(sasl) = &kafka.sasl {
+        envs.push(env("EDDY_KAFKA_SASL_MECHANISM", &sasl.mechanism));
+        for (name, r) in [
+            ("EDDY_KAFKA_SASL_USERNAME", &sasl.username),
+            ("EDDY_KAFKA_SASL_PASSWORD", &sasl.password),
+        ] {
+            envs.push(EnvVar {
+                name: name.into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: r.name.clone(),
+                        key: r.key.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+    }
+    (envs, volumes, mounts)
 }
 
 fn pdb(app: &StatefulStreamApp) -> PodDisruptionBudget {

@@ -38,6 +38,9 @@ pub enum ConfigError {
 /// Values given on the command line or in the environment; they win over the file.
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
+    /// `EDDY_KAFKA_CA_FILE`, `_CERT_FILE`, `_KEY_FILE`, `_SASL_MECHANISM`, `_SASL_USERNAME`,
+    /// `_SASL_PASSWORD`, as (name without the prefix, value).
+    pub kafka_security: Vec<(String, String)>,
     pub bootstrap_servers: Option<String>,
     pub state_dir: Option<PathBuf>,
     pub application_id: Option<String>,
@@ -60,6 +63,9 @@ pub struct WorkerConfig {
     /// Bytes for RocksDB (block cache incl. memtables) and for the record cache.
     pub rocksdb_bytes: usize,
     pub record_cache_bytes: usize,
+    /// librdkafka security settings from `EDDY_KAFKA_*` (TLS files, SASL credentials, which
+    /// the operator mounts from Secrets); the spec's `kafka.properties` win over them.
+    pub security: std::collections::BTreeMap<String, String>,
 }
 
 /// Default state memory per process.
@@ -141,7 +147,9 @@ impl WorkerConfig {
                 source,
             }
         })?;
+        let security = security_properties(&o.kafka_security);
         Ok(Self {
+            security,
             resource_name,
             instance_id: o
                 .instance_id
@@ -170,7 +178,7 @@ impl WorkerConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap_servers);
         c.set("client.id", &self.instance_id);
-        for (k, v) in &self.spec.kafka.properties {
+        for (k, v) in self.security.iter().chain(&self.spec.kafka.properties) {
             c.set(k, v);
         }
         c
@@ -182,6 +190,42 @@ impl WorkerConfig {
             .join(&self.application_id)
             .join(task.to_string())
     }
+}
+
+/// librdkafka settings for TLS and SASL given as `EDDY_KAFKA_*` values.
+pub fn security_properties(
+    given: &[(String, String)],
+) -> std::collections::BTreeMap<String, String> {
+    let get = |k: &str| given.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let mut p = std::collections::BTreeMap::new();
+    for (env, prop) in [
+        ("CA_FILE", "ssl.ca.location"),
+        ("CERT_FILE", "ssl.certificate.location"),
+        ("KEY_FILE", "ssl.key.location"),
+    ] {
+        if let Some(v) = get(env) {
+            p.insert(prop.to_string(), v);
+        }
+    }
+    let tls = !p.is_empty();
+    if let Some(m) = get("SASL_MECHANISM") {
+        p.insert("sasl.mechanisms".into(), m);
+        for (env, prop) in [
+            ("SASL_USERNAME", "sasl.username"),
+            ("SASL_PASSWORD", "sasl.password"),
+        ] {
+            if let Some(v) = get(env) {
+                p.insert(prop.into(), v);
+            }
+        }
+        p.insert(
+            "security.protocol".into(),
+            if tls { "sasl_ssl" } else { "sasl_plaintext" }.into(),
+        );
+    } else if tls {
+        p.insert("security.protocol".into(), "ssl".into());
+    }
+    p
 }
 
 /// Parse a Kubernetes-style quantity of bytes: `256Mi`, `1Gi`, `500M`, `1048576`.
@@ -213,6 +257,30 @@ pub fn parse_quantity(q: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_and_sasl_from_the_environment() {
+        let given = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let p = security_properties(&given(&[
+            ("CA_FILE", "/ca"),
+            ("SASL_MECHANISM", "PLAIN"),
+            ("SASL_USERNAME", "u"),
+            ("SASL_PASSWORD", "p"),
+        ]));
+        assert_eq!(p["security.protocol"], "sasl_ssl");
+        assert_eq!(p["ssl.ca.location"], "/ca");
+        assert_eq!(p["sasl.password"], "p");
+        assert_eq!(
+            security_properties(&given(&[("CA_FILE", "/ca")]))["security.protocol"],
+            "ssl"
+        );
+        assert!(security_properties(&[]).is_empty());
+    }
 
     #[test]
     fn quantities() {

@@ -109,6 +109,9 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     let cfg = WorkerConfig::load(
         &a.file,
         Overrides {
+            kafka_security: std::env::vars()
+                .filter_map(|(k, v)| Some((k.strip_prefix("EDDY_KAFKA_")?.to_string(), v)))
+                .collect(),
             bootstrap_servers: a.bootstrap_servers,
             state_dir: a.state_dir,
             application_id: a.application_id,
