@@ -2,6 +2,10 @@
 //! `e2e/kafka/kafka.sh`, topics, producing and reading records, and `eddy-worker` processes
 //! started, scraped, stopped and killed like a user would.
 
+pub mod k8s;
+
+pub mod compare;
+
 use anyhow::{Context as _, Result, bail};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -498,4 +502,93 @@ pub fn sum_metric(text: &str, name: &str, filters: &[&str]) -> f64 {
         .filter(|l| filters.iter().all(|f| l.contains(f)))
         .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
         .sum()
+}
+
+// ---- benchmark helpers (eddy-bench, eddy-vs-kstreams) ----
+
+/// (peak RSS bytes, user+sys CPU seconds) of a process, from /proc.
+pub fn proc_stats(pid: u32) -> Result<(u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let hwm = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+        .context("no VmHWM")?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at the last ')'.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("bad /proc stat")?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the ')'; 100 Hz ticks.
+    Ok((hwm * 1024, (ticks(11) + ticks(12)) / 100.0))
+}
+
+/// The benchmark input: `records` JSON values of ~100 bytes over `keys` keys, made once and
+/// reused by later runs with the same sizes.
+pub fn ensure_input(records: usize, keys: usize, partitions: i32, prefix: &str) -> Result<String> {
+    let topic = format!("{prefix}-{records}-{keys}-{partitions}");
+    if partition_count(&topic)? == partitions && read_count_fast(&topic)? == records as i64 {
+        eprintln!("reusing input topic {topic}");
+        return Ok(topic);
+    }
+    let _ = delete_topics(&[&topic]);
+    wait_until(
+        Duration::from_secs(30),
+        || Ok(partition_count(&topic)? == 0),
+    )?;
+    create_topic(&topic, partitions)?;
+    eprintln!("producing {} records to {topic}", records);
+    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap()?)
+        .set("linger.ms", "50")
+        .set("batch.size", "1000000")
+        .set("compression.type", "lz4")
+        .create()?;
+    for i in 0..records {
+        let key = format!("user-{}", (i.wrapping_mul(2_654_435_761)) % keys);
+        let value = format!(
+            r#"{{"user":"{key}","amount":{},"status":{},"page":"/products/{:05}","ts":{}}}"#,
+            i % 97,
+            if i % 10 == 0 { 404 } else { 200 },
+            i % 50_000,
+            1_700_000_000_000u64 + i as u64
+        );
+        let part = eddy_worker::partitioner::partition_for(key.as_bytes(), partitions);
+        let mut rec = BaseRecord::to(&topic)
+            .key(key.as_bytes())
+            .payload(value.as_bytes())
+            .partition(part);
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((
+                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                    r,
+                )) => {
+                    p.poll(Duration::from_millis(5));
+                    rec = r;
+                }
+                Err((e, _)) => bail!("producing: {e}"),
+            }
+        }
+    }
+    p.flush(Duration::from_secs(120))?;
+    Ok(topic)
+}
+
+/// Records in a topic from its watermarks (no transactions in the input).
+pub fn read_count_fast(topic: &str) -> Result<i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap()?)
+        .create()?;
+    let n = partition_count(topic)?;
+    let mut total = 0;
+    for p in 0..n {
+        let (lo, hi) = c.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        total += hi - lo;
+    }
+    Ok(total)
 }

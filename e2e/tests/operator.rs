@@ -4,131 +4,16 @@
 //! run the operator with its own ServiceAccount's rights, `kubectl apply` an app, and check
 //! what a user would: objects, correct output, readable status, scale, bad apps, deletion.
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
+use eddy_e2e::k8s::ControlPlane;
 use eddy_e2e::*;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(180);
 const NS: &str = "eddy-system";
-
-struct ControlPlane {
-    name: String,
-    kubeconfig: PathBuf,
-    bin: PathBuf,
-}
-
-impl ControlPlane {
-    fn start(name: &str) -> Result<Self> {
-        let script = repo_root().join("e2e/k8s/cluster.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .args(["start", "--name", name])
-            .stderr(Stdio::inherit())
-            .output()?;
-        ensure!(out.status.success(), "e2e/k8s/cluster.sh start failed");
-        let kubeconfig = PathBuf::from(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .last()
-                .unwrap_or_default()
-                .trim(),
-        );
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("bin")
-            .stderr(Stdio::inherit())
-            .output()?;
-        let bin = PathBuf::from(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .last()
-                .unwrap_or_default()
-                .trim(),
-        );
-        Ok(Self {
-            name: name.to_string(),
-            kubeconfig,
-            bin,
-        })
-    }
-
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        self.tool("kubectl", args, stdin)
-    }
-
-    fn tool(&self, tool: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        let mut child = Command::new(self.bin.join(tool))
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .current_dir(repo_root())
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        if let (Some(text), Some(mut s)) = (stdin, child.stdin.take()) {
-            s.write_all(text.as_bytes())?;
-        }
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "{tool} {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).to_string())
-    }
-
-    /// A kubeconfig holding a token of a ServiceAccount: whoever uses it has exactly its rights.
-    fn kubeconfig_for(&self, ns: &str, sa: &str, dir: &Path) -> Result<PathBuf> {
-        let token = self.kubectl(&["-n", ns, "create", "token", sa, "--duration", "2h"], None)?;
-        let server = self.kubectl(
-            &[
-                "config",
-                "view",
-                "--raw",
-                "-o",
-                "jsonpath={.clusters[0].cluster.server}",
-            ],
-            None,
-        )?;
-        let ca = self.kubectl(
-            &[
-                "config",
-                "view",
-                "--raw",
-                "-o",
-                "jsonpath={.clusters[0].cluster.certificate-authority-data}",
-            ],
-            None,
-        )?;
-        let path = dir.join(format!("{sa}.kubeconfig"));
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: {server}, certificate-authority-data: {ca}}}}}]\nusers: [{{name: u, user: {{token: {}}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u, namespace: {ns}}}}}]\ncurrent-context: x\n",
-                token.trim()
-            ),
-        )?;
-        Ok(path)
-    }
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(repo_root().join("e2e/k8s/cluster.sh"))
-            .args(["stop", "--name", &self.name])
-            .output();
-    }
-}
 
 struct Process(Child);
 

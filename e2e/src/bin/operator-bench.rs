@@ -2,10 +2,9 @@
 //! Measures the time from a spec change to the updated StatefulSet (median of 10 changes) and
 //! the operator's peak RSS while it manages 50 apps.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use eddy_e2e::k8s::ControlPlane;
 use eddy_e2e::*;
-use std::io::Write;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,60 +16,8 @@ fn main() -> Result<()> {
         .transpose()?
         .unwrap_or(50);
     let bs = bootstrap()?;
-    let script = repo_root().join("e2e/k8s/cluster.sh");
-    let name = format!("opbench-{}", std::process::id());
-    let out = Command::new("bash")
-        .arg(&script)
-        .args(["start", "--name", &name])
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "cluster.sh start failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let _stop = Stop(name.clone());
-    let kubeconfig = PathBuf::from(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim(),
-    );
-    let bin = PathBuf::from(
-        String::from_utf8_lossy(
-            &Command::new("bash")
-                .arg(&script)
-                .arg("bin")
-                .output()?
-                .stdout,
-        )
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim(),
-    );
-    let kubectl = |args: &[&str], stdin: Option<&str>| -> Result<String> {
-        let mut c = Command::new(bin.join("kubectl"))
-            .args(args)
-            .env("KUBECONFIG", &kubeconfig)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        if let (Some(t), Some(mut s)) = (stdin, c.stdin.take()) {
-            s.write_all(t.as_bytes())?;
-        }
-        let o = c.wait_with_output()?;
-        if !o.status.success() {
-            bail!(
-                "kubectl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&o.stdout).to_string())
-    };
+    let cp = ControlPlane::start(&format!("opbench-{}", std::process::id()))?;
+    let kubectl = |args: &[&str], stdin: Option<&str>| cp.kubectl(args, stdin);
     kubectl(
         &[
             "apply",
@@ -104,7 +51,7 @@ fn main() -> Result<()> {
             "--identity",
             "bench",
         ])
-        .env("KUBECONFIG", &kubeconfig)
+        .env("KUBECONFIG", &cp.kubeconfig)
         .env("EDDY_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -181,15 +128,4 @@ fn main() -> Result<()> {
         hwm / 1024.0
     );
     Ok(())
-}
-
-struct Stop(String);
-
-impl Drop for Stop {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(repo_root().join("e2e/k8s/cluster.sh"))
-            .args(["stop", "--name", &self.0])
-            .output();
-    }
 }

@@ -1,0 +1,125 @@
+//! A local Kubernetes control plane (`e2e/k8s/cluster.sh`) for tests and benchmarks: started
+//! under a name of its own, driven with its kubectl and helm, stopped when dropped.
+
+use crate::repo_root;
+use anyhow::{Result, bail, ensure};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+pub struct ControlPlane {
+    name: String,
+    pub kubeconfig: PathBuf,
+    /// Directory of kubectl, helm and the control plane binaries.
+    pub bin: PathBuf,
+}
+
+impl ControlPlane {
+    pub fn start(name: &str) -> Result<Self> {
+        let script = repo_root().join("e2e/k8s/cluster.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(["start", "--name", name])
+            .stderr(Stdio::inherit())
+            .output()?;
+        ensure!(out.status.success(), "e2e/k8s/cluster.sh start failed");
+        let kubeconfig = PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim(),
+        );
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("bin")
+            .stderr(Stdio::inherit())
+            .output()?;
+        let bin = PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .trim(),
+        );
+        Ok(Self {
+            name: name.to_string(),
+            kubeconfig,
+            bin,
+        })
+    }
+
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        self.tool("kubectl", args, stdin)
+    }
+
+    pub fn tool(&self, tool: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        let mut child = Command::new(self.bin.join(tool))
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .current_dir(repo_root())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        if let (Some(text), Some(mut s)) = (stdin, child.stdin.take()) {
+            s.write_all(text.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!(
+                "{tool} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    }
+
+    /// A kubeconfig holding a token of a ServiceAccount: whoever uses it has exactly its rights.
+    pub fn kubeconfig_for(&self, ns: &str, sa: &str, dir: &Path) -> Result<PathBuf> {
+        let token = self.kubectl(&["-n", ns, "create", "token", sa, "--duration", "2h"], None)?;
+        let server = self.kubectl(
+            &[
+                "config",
+                "view",
+                "--raw",
+                "-o",
+                "jsonpath={.clusters[0].cluster.server}",
+            ],
+            None,
+        )?;
+        let ca = self.kubectl(
+            &[
+                "config",
+                "view",
+                "--raw",
+                "-o",
+                "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+            ],
+            None,
+        )?;
+        let path = dir.join(format!("{sa}.kubeconfig"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: {server}, certificate-authority-data: {ca}}}}}]\nusers: [{{name: u, user: {{token: {}}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u, namespace: {ns}}}}}]\ncurrent-context: x\n",
+                token.trim()
+            ),
+        )?;
+        Ok(path)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(repo_root().join("e2e/k8s/cluster.sh"))
+            .args(["stop", "--name", &self.name])
+            .output();
+    }
+}
