@@ -5,11 +5,18 @@ use crate::expr::Val;
 use crate::format::{self, FormatError};
 use eddy_crds::Format;
 use std::borrow::Cow;
+use std::cell::OnceCell;
 
 /// A key or a value: raw bytes in a known format, or a value computed by a jq step.
 #[derive(Clone, Debug)]
 pub enum Data {
-    Raw { bytes: Vec<u8>, format: Format },
+    /// Wire bytes; decoded at most once, when a step first looks inside (a `filter` then a
+    /// `groupBy` on the same record share one JSON parse, and the bytes still pass through).
+    Raw {
+        bytes: Vec<u8>,
+        format: Format,
+        decoded: OnceCell<Val>,
+    },
     Val(Val),
 }
 
@@ -18,13 +25,24 @@ impl Data {
         Data::Raw {
             bytes: bytes.to_vec(),
             format,
+            decoded: OnceCell::new(),
         }
     }
 
     /// The value as jq sees it.
     pub fn to_val(&self) -> Result<Val, FormatError> {
         match self {
-            Data::Raw { bytes, format } => format::decode(*format, bytes),
+            Data::Raw {
+                bytes,
+                format,
+                decoded,
+            } => {
+                if let Some(v) = decoded.get() {
+                    return Ok(v.clone());
+                }
+                let v = format::decode(*format, bytes)?;
+                Ok(decoded.get_or_init(|| v).clone())
+            }
             Data::Val(v) => Ok(v.clone()),
         }
     }
@@ -32,11 +50,8 @@ impl Data {
     /// The bytes in `target` format; raw bytes already in that format pass through untouched.
     pub fn to_bytes(&self, target: Format) -> Result<Cow<'_, [u8]>, FormatError> {
         match self {
-            Data::Raw { bytes, format } if *format == target => Ok(Cow::Borrowed(bytes)),
-            Data::Raw { bytes, format } => Ok(Cow::Owned(format::encode(
-                target,
-                &format::decode(*format, bytes)?,
-            )?)),
+            Data::Raw { bytes, format, .. } if *format == target => Ok(Cow::Borrowed(bytes)),
+            Data::Raw { .. } => Ok(Cow::Owned(format::encode(target, &self.to_val()?)?)),
             Data::Val(v) => Ok(Cow::Owned(format::encode(target, v)?)),
         }
     }
@@ -59,4 +74,22 @@ pub struct Origin<'a> {
     pub offset: i64,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_json_is_decoded_once_and_still_passes_through() {
+        let d = Data::raw(br#"{"a":1}"#, Format::Json);
+        let first = d.to_val().expect("valid");
+        assert_eq!(d.to_val().expect("cached"), first);
+        assert!(matches!(&d, Data::Raw { decoded, .. } if decoded.get().is_some()));
+        assert_eq!(
+            d.to_bytes(Format::Json).expect("bytes").as_ref(),
+            br#"{"a":1}"#
+        );
+        assert!(Data::raw(b"{oops", Format::Json).to_val().is_err());
+    }
 }

@@ -47,7 +47,7 @@ fn main() -> Result<()> {
         "kafka at {bs}; {} records, {} keys, {} partitions",
         a.records, a.keys, a.partitions
     );
-    let input = ensure_input(&a, "bench-input")?;
+    let input = ensure_input(a.records, a.keys, a.partitions, "bench-input")?;
     let mut rows = Vec::new();
 
     // (a) the limit: consume and produce every record, no processing.
@@ -144,14 +144,7 @@ fn main() -> Result<()> {
     cleanup(&app, &[&out])?;
 
     // (e) memory: 32 partitions, two stores, default 256 MiB budget.
-    let input32 = ensure_input(
-        &Args {
-            records: a.records / 2,
-            keys: a.keys,
-            partitions: 32,
-        },
-        "bench-input32",
-    )?;
+    let input32 = ensure_input(a.records / 2, a.keys, 32, "bench-input32")?;
     let app = unique("bench-mem");
     let out = format!("{app}-out");
     create_topic(&out, 32)?;
@@ -262,93 +255,6 @@ fn run_worker(yaml: &str, dir: &std::path::Path, records: usize, name: &str) -> 
         cpu: stats.1,
         rss: stats.0,
     })
-}
-
-/// (peak RSS bytes, user+sys CPU seconds) of a process, from /proc.
-fn proc_stats(pid: u32) -> Result<(u64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let hwm = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-        .context("no VmHWM")?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which may hold spaces) start at the last ')'.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .context("bad /proc stat")?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the ')'; 100 Hz ticks.
-    Ok((hwm * 1024, (ticks(11) + ticks(12)) / 100.0))
-}
-
-/// The benchmark input: `records` JSON values of ~100 bytes over `keys` keys, made once and
-/// reused by later runs with the same sizes.
-fn ensure_input(a: &Args, prefix: &str) -> Result<String> {
-    let topic = format!("{prefix}-{}-{}-{}", a.records, a.keys, a.partitions);
-    if partition_count(&topic)? == a.partitions && read_count_fast(&topic)? == a.records as i64 {
-        eprintln!("reusing input topic {topic}");
-        return Ok(topic);
-    }
-    let _ = delete_topics(&[&topic]);
-    wait_until(
-        Duration::from_secs(30),
-        || Ok(partition_count(&topic)? == 0),
-    )?;
-    create_topic(&topic, a.partitions)?;
-    eprintln!("producing {} records to {topic}", a.records);
-    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap()?)
-        .set("linger.ms", "50")
-        .set("batch.size", "1000000")
-        .set("compression.type", "lz4")
-        .create()?;
-    for i in 0..a.records {
-        let key = format!("user-{}", (i.wrapping_mul(2_654_435_761)) % a.keys);
-        let value = format!(
-            r#"{{"user":"{key}","amount":{},"status":{},"page":"/products/{:05}","ts":{}}}"#,
-            i % 97,
-            if i % 10 == 0 { 404 } else { 200 },
-            i % 50_000,
-            1_700_000_000_000u64 + i as u64
-        );
-        let part = eddy_worker::partitioner::partition_for(key.as_bytes(), a.partitions);
-        let mut rec = BaseRecord::to(&topic)
-            .key(key.as_bytes())
-            .payload(value.as_bytes())
-            .partition(part);
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((
-                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                    r,
-                )) => {
-                    p.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-                Err((e, _)) => bail!("producing: {e}"),
-            }
-        }
-    }
-    p.flush(Duration::from_secs(120))?;
-    Ok(topic)
-}
-
-/// Records in a topic from its watermarks (no transactions in the input).
-fn read_count_fast(topic: &str) -> Result<i64> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap()?)
-        .create()?;
-    let n = partition_count(topic)?;
-    let mut total = 0;
-    for p in 0..n {
-        let (lo, hi) = c.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-        total += hi - lo;
-    }
-    Ok(total)
 }
 
 /// Read a whole topic (read_committed) as fast as librdkafka goes, counting records.

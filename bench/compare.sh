@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# eddy against Kafka Streams (see docs/benchmarks.md, "eddy vs Kafka Streams"): builds eddy and
+# the reference app, starts a local broker named "bench" unless EDDY_TEST_BOOTSTRAP points at
+# one, runs eddy-vs-kstreams with the given arguments and stops the broker.
+#
+#   bench/compare.sh [--records N] [--keys K] [--partitions P] [--out DIR] [--check-only] [--publish]
+#
+# --out defaults to ~/.cache/eddy/bench-results (results.json, results.md, ratios.svg).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+./e2e/setup.sh
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/eddy/target}
+cargo build --release -q --workspace --bins
+jar=$(bench/kstreams/build.sh)
+args=("$@")
+if [[ " $* " != *" --out "* ]]; then
+  args+=(--out "$HOME/.cache/eddy/bench-results")
+fi
+if [[ -z "${EDDY_TEST_BOOTSTRAP:-}" ]]; then
+  EDDY_TEST_BOOTSTRAP=$("$root/e2e/kafka/kafka.sh" start --name bench)
+  export EDDY_TEST_BOOTSTRAP
+  trap '"$root/e2e/kafka/kafka.sh" stop --name bench >/dev/null 2>&1 || true' EXIT
+fi
+"$CARGO_TARGET_DIR/release/eddy-vs-kstreams" --jar "$jar" "${args[@]}"

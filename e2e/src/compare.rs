@@ -1,0 +1,689 @@
+//! eddy against Kafka Streams (`bench/kstreams`'s reference app) on the same input: the same
+//! cases (`count`, `sum`) under both guarantees, one engine after the other, each from empty
+//! state with a fresh application id. Measures throughput, CPU seconds per million records,
+//! peak RSS and restore time, and checks that both engines end with the same table (same keys,
+//! same value bytes, same output partition per key). Used by the `eddy-vs-kstreams` binary and
+//! by `e2e/tests/compare.rs`.
+
+use crate::*;
+use anyhow::{Context as _, Result, bail};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Case {
+    Count,
+    Sum,
+}
+
+impl Case {
+    pub fn name(self) -> &'static str {
+        match self {
+            Case::Count => "count",
+            Case::Sum => "sum",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guarantee {
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+impl Guarantee {
+    pub fn eddy(self) -> &'static str {
+        match self {
+            Guarantee::AtLeastOnce => "at_least_once",
+            Guarantee::ExactlyOnce => "exactly_once",
+        }
+    }
+    pub fn kstreams(self) -> &'static str {
+        match self {
+            Guarantee::AtLeastOnce => "at_least_once",
+            Guarantee::ExactlyOnce => "exactly_once_v2",
+        }
+    }
+}
+
+/// Every case × guarantee, in the order they run.
+pub const ALL: [(Case, Guarantee); 4] = [
+    (Case::Count, Guarantee::AtLeastOnce),
+    (Case::Count, Guarantee::ExactlyOnce),
+    (Case::Sum, Guarantee::AtLeastOnce),
+    (Case::Sum, Guarantee::ExactlyOnce),
+];
+
+pub struct Options {
+    pub records: usize,
+    pub keys: usize,
+    pub partitions: i32,
+    /// Correctness only: no restore runs (throughput etc. are still recorded, targets ignored).
+    pub check_only: bool,
+    pub runs: Vec<(Case, Guarantee)>,
+    /// Prefix of the input topic (reused when one of the same sizes exists).
+    pub input_prefix: String,
+    /// Delete the input topic at the end.
+    pub delete_input: bool,
+    pub jar: PathBuf,
+}
+
+/// One engine's figures for one run.
+#[derive(Clone, Debug, Default)]
+pub struct Measure {
+    /// Process start → all input processed → clean close finished.
+    pub seconds: f64,
+    /// user+sys CPU seconds of the process.
+    pub cpu: f64,
+    /// Peak RSS (VmHWM) in bytes.
+    pub rss: u64,
+    /// Restore of the full state after the state dir is deleted (see `restore_*`).
+    pub restore_seconds: Option<f64>,
+    pub restored_records: Option<f64>,
+    /// Kafka Streams only: `KafkaStreams#start()` → RUNNING (no JVM start, no topic checks).
+    pub restore_from_start: Option<f64>,
+    /// Kafka Streams only: the reference app's own JSON lines.
+    pub extra: Value,
+}
+
+impl Measure {
+    pub fn rate(&self, records: usize) -> f64 {
+        records as f64 / self.seconds.max(1e-9)
+    }
+    pub fn cpu_per_m(&self, records: usize) -> f64 {
+        self.cpu / (records as f64 / 1e6)
+    }
+    pub fn rss_mib(&self) -> f64 {
+        self.rss as f64 / 1048576.0
+    }
+}
+
+pub struct Row {
+    pub case: Case,
+    pub guarantee: Guarantee,
+    pub records: usize,
+    pub output_keys: usize,
+    pub eddy: Measure,
+    pub ks: Measure,
+}
+
+impl Row {
+    pub fn label(&self) -> String {
+        format!("{} {}", self.case.name(), self.guarantee.eddy())
+    }
+    /// (metric, eddy/KS ratio, target, ratio must be at least the target).
+    pub fn ratios(&self) -> Vec<(&'static str, Option<f64>, f64, bool)> {
+        let n = self.records;
+        let restore = match (self.eddy.restore_seconds, self.ks.restore_seconds) {
+            (Some(e), Some(k)) => Some(e / k.max(1e-9)),
+            _ => None,
+        };
+        vec![
+            (
+                "throughput",
+                Some(self.eddy.rate(n) / self.ks.rate(n)),
+                2.0,
+                true,
+            ),
+            (
+                "CPU s/M records",
+                Some(self.eddy.cpu_per_m(n) / self.ks.cpu_per_m(n).max(1e-9)),
+                0.5,
+                false,
+            ),
+            (
+                "peak RSS",
+                Some(self.eddy.rss as f64 / (self.ks.rss as f64).max(1.0)),
+                0.5,
+                false,
+            ),
+            ("restore", restore, 0.5, false),
+        ]
+    }
+}
+
+/// Build (cached) the Kafka Streams reference app and return the jar's path.
+pub fn kstreams_jar() -> Result<PathBuf> {
+    let out = Command::new("bash")
+        .arg(repo_root().join("bench/kstreams/build.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running bench/kstreams/build.sh")?;
+    if !out.status.success() {
+        bail!("bench/kstreams/build.sh failed ({})", out.status);
+    }
+    let path = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .map(|l| l.trim().to_string())
+        .context("build.sh printed no jar path")?;
+    Ok(PathBuf::from(path))
+}
+
+fn eddy_yaml(case: Case, g: Guarantee, app: &str, input: &str, output: &str) -> String {
+    let steps = match case {
+        Case::Count => format!(
+            "  - from: {{topic: {input}, key: string, value: bytes}}\n  - count: {{store: counts}}\n  - to: {{topic: {output}, value: i64}}\n"
+        ),
+        Case::Sum => format!(
+            "  - from: {{topic: {input}, key: string, value: json}}\n  - filter: '.status == 200'\n  - groupBy: '.user'\n  - aggregate: {{store: sums, initial: '0', add: '$agg + .amount'}}\n  - to: {{topic: {output}, value: json}}\n"
+        ),
+    };
+    format!(
+        "applicationId: {app}\nprocessingGuarantee: {}\ntopology:\n{steps}",
+        g.eddy()
+    )
+}
+
+/// Records eddy's tasks process: the count topology has one sub-topology; sum's second one
+/// reads back every record with status 200 from the repartition topic (the generator writes 404
+/// for every tenth record).
+fn eddy_processed(case: Case, records: usize) -> usize {
+    match case {
+        Case::Count => records,
+        Case::Sum => records + records - records.div_ceil(10),
+    }
+}
+
+/// What the generated input must produce: (sum of all counts, sum of all sums).
+fn expected_total(case: Case, records: usize) -> i64 {
+    match case {
+        Case::Count => records as i64,
+        Case::Sum => (0..records)
+            .filter(|i| i % 10 != 0)
+            .map(|i| (i % 97) as i64)
+            .sum(),
+    }
+}
+
+/// Sample a process's peak RSS and CPU until it exits or `done` says so.
+struct Sampler {
+    pid: u32,
+    rss: u64,
+    cpu: f64,
+}
+
+impl Sampler {
+    fn sample(&mut self) {
+        if let Ok((rss, cpu)) = proc_stats(self.pid) {
+            self.rss = self.rss.max(rss);
+            self.cpu = self.cpu.max(cpu);
+        }
+    }
+}
+
+fn run_eddy(yaml: &str, dir: &Path, processed: usize) -> Result<Measure> {
+    let started = Instant::now();
+    let mut w = Worker::start(yaml, dir)?;
+    let mut s = Sampler {
+        pid: w.pid().context("worker pid")?,
+        rss: 0,
+        cpu: 0.0,
+    };
+    loop {
+        s.sample();
+        if let Ok(v) = w.metric("eddy_records_processed_total", &[])
+            && v >= processed as f64
+        {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(1800) {
+            bail!("eddy: not done after 30 minutes:\n{}", w.logs());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.sample();
+    // SIGTERM commits and exits; sample while it closes.
+    let pid = s.pid;
+    let stopper = std::thread::spawn(move || {
+        let mut s = Sampler {
+            pid,
+            rss: 0,
+            cpu: 0.0,
+        };
+        let t = Instant::now();
+        while std::path::Path::new(&format!("/proc/{pid}/stat")).exists()
+            && t.elapsed() < Duration::from_secs(120)
+        {
+            s.sample();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (s.rss, s.cpu)
+    });
+    let code = w.stop()?;
+    let seconds = started.elapsed().as_secs_f64();
+    let (rss, cpu) = stopper.join().unwrap_or((0, 0.0));
+    if code != 0 {
+        bail!("eddy exited with {code}:\n{}", w.logs());
+    }
+    Ok(Measure {
+        seconds,
+        cpu: s.cpu.max(cpu),
+        rss: s.rss.max(rss),
+        ..Measure::default()
+    })
+}
+
+/// eddy's restore: delete the state dir, start → `/readyz` 200 (every task restored and
+/// RUNNING), wall time measured here.
+fn restore_eddy(yaml: &str, dir: &Path) -> Result<(f64, f64)> {
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let started = Instant::now();
+    let mut w = Worker::start(yaml, dir)?;
+    w.wait_ready(Duration::from_secs(600))?;
+    let secs = started.elapsed().as_secs_f64();
+    let n = w.metric("eddy_restored_records_total", &[])?;
+    let code = w.stop()?;
+    if code != 0 {
+        bail!("eddy (restore) exited with {code}:\n{}", w.logs());
+    }
+    Ok((secs, n))
+}
+
+/// Run the reference app; returns (wall seconds, cpu, rss, its JSON line).
+fn run_java(jar: &Path, args: &[String], log: &Path) -> Result<(f64, f64, u64, Value)> {
+    let started = Instant::now();
+    let mut child = Command::new("java")
+        .arg("-jar")
+        .arg(jar)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()
+        .context("starting java")?;
+    let mut s = Sampler {
+        pid: child.id(),
+        rss: 0,
+        cpu: 0.0,
+    };
+    let status = loop {
+        s.sample();
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if started.elapsed() > Duration::from_secs(1900) {
+            let _ = child.kill();
+            bail!("Kafka Streams: not done after 30 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        std::io::Read::read_to_string(&mut o, &mut out)?;
+    }
+    if !status.success() {
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        bail!(
+            "Kafka Streams reference app exited with {status}:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    let line = out
+        .lines()
+        .last()
+        .context("reference app printed nothing")?;
+    let v: Value = serde_json::from_str(line).with_context(|| format!("parsing {line}"))?;
+    Ok((seconds, s.cpu, s.rss, v))
+}
+
+/// An output topic's final table: key → (partition of its last record, last value).
+pub type Table = HashMap<Vec<u8>, (i32, Vec<u8>)>;
+
+/// The final table of an output topic.
+pub fn final_table(topic: &str) -> Result<Table> {
+    let mut m = HashMap::new();
+    for r in read_all(topic)? {
+        if let (Some(k), Some(v)) = (r.key, r.value) {
+            m.insert(k, (r.partition, v));
+        }
+    }
+    Ok(m)
+}
+
+fn show(case: Case, v: &[u8]) -> String {
+    match (case, <[u8; 8]>::try_from(v)) {
+        (Case::Count, Ok(b)) => i64::from_be_bytes(b).to_string(),
+        _ => format!("{:?}", String::from_utf8_lossy(v)),
+    }
+}
+
+fn value_of(case: Case, v: &[u8]) -> Option<i64> {
+    match case {
+        Case::Count => <[u8; 8]>::try_from(v).ok().map(i64::from_be_bytes),
+        Case::Sum => std::str::from_utf8(v).ok()?.parse().ok(),
+    }
+}
+
+/// Compare both final tables; Err lists the first differing keys.
+pub fn compare_tables(case: Case, records: usize, eddy_out: &str, ks_out: &str) -> Result<usize> {
+    let e = final_table(eddy_out)?;
+    let k = final_table(ks_out)?;
+    let mut keys: Vec<&Vec<u8>> = e.keys().chain(k.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let mut diffs = Vec::new();
+    for key in &keys {
+        let (a, b) = (e.get(*key), k.get(*key));
+        if a != b {
+            let f = |x: Option<&(i32, Vec<u8>)>| {
+                x.map_or("missing".to_string(), |(p, v)| {
+                    format!("partition {p} value {}", show(case, v))
+                })
+            };
+            diffs.push(format!(
+                "  {}: eddy {} / Kafka Streams {}",
+                String::from_utf8_lossy(key),
+                f(a),
+                f(b)
+            ));
+        }
+    }
+    if !diffs.is_empty() {
+        bail!(
+            "{}: {} of {} keys differ (eddy {} keys, Kafka Streams {} keys); first ones:\n{}",
+            case.name(),
+            diffs.len(),
+            keys.len(),
+            e.len(),
+            k.len(),
+            diffs
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    // Both agree; check that they agree on the right answer.
+    let total: i64 = e.values().filter_map(|(_, v)| value_of(case, v)).sum();
+    let want = expected_total(case, records);
+    if total != want || e.is_empty() {
+        bail!(
+            "{}: both engines agree, but their values add up to {total}, not {want}",
+            case.name()
+        );
+    }
+    Ok(e.len())
+}
+
+fn cleanup(prefixes: &[&str], extra: &[&str]) -> Result<()> {
+    let mut all: Vec<String> = Vec::new();
+    for p in prefixes {
+        all.extend(topics_with_prefix(&format!("{p}-"))?);
+    }
+    all.extend(extra.iter().map(|s| s.to_string()));
+    all.sort();
+    all.dedup();
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    delete_topics(&refs)
+}
+
+/// Run every requested case × guarantee; fails on the first mismatch.
+pub fn run(o: &Options) -> Result<Vec<Row>> {
+    let bs = bootstrap()?;
+    eprintln!(
+        "kafka at {bs}; {} records, {} keys, {} partitions",
+        o.records, o.keys, o.partitions
+    );
+    let input = ensure_input(o.records, o.keys, o.partitions, &o.input_prefix)?;
+    let result = run_all(o, &bs, &input);
+    if o.delete_input {
+        let _ = delete_topics(&[&input]);
+    }
+    result
+}
+
+fn run_all(o: &Options, bs: &str, input: &str) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for &(case, g) in &o.runs {
+        let label = format!("{} {}", case.name(), g.eddy());
+        let eddy_app = unique(&format!("cmp-eddy-{}", case.name()));
+        let ks_app = unique(&format!("cmp-ks-{}", case.name()));
+        let (eddy_out, ks_out) = (format!("{eddy_app}-out"), format!("{ks_app}-out"));
+        let res = (|| -> Result<Row> {
+            create_topic(&eddy_out, o.partitions)?;
+            create_topic(&ks_out, o.partitions)?;
+            // eddy
+            eprintln!("{label}: eddy");
+            let yaml = eddy_yaml(case, g, &eddy_app, input, &eddy_out);
+            let edir = tempfile::tempdir()?;
+            let mut eddy = run_eddy(&yaml, edir.path(), eddy_processed(case, o.records))?;
+            eprintln!(
+                "{label}: eddy {:.2} s, {:.0} records/s",
+                eddy.seconds,
+                eddy.rate(o.records)
+            );
+            // Kafka Streams
+            eprintln!("{label}: Kafka Streams");
+            let kdir = tempfile::tempdir()?;
+            let common = vec![
+                "--bootstrap".to_string(),
+                bs.to_string(),
+                "--app-id".into(),
+                ks_app.clone(),
+                "--case".into(),
+                case.name().into(),
+                "--guarantee".into(),
+                g.kstreams().into(),
+                "--input".into(),
+                input.to_string(),
+                "--output".into(),
+                ks_out.clone(),
+                "--state-dir".into(),
+                kdir.path().join("state").display().to_string(),
+            ];
+            let mut args = common.clone();
+            args.extend([
+                "--expect".into(),
+                o.records.to_string(),
+                "--close-when-processed".into(),
+            ]);
+            let (seconds, cpu, rss, line) =
+                run_java(&o.jar, &args, &kdir.path().join("refapp.log"))?;
+            let mut ks = Measure {
+                seconds,
+                cpu,
+                rss,
+                extra: json!({ "run": line }),
+                ..Measure::default()
+            };
+            eprintln!(
+                "{label}: Kafka Streams {:.2} s, {:.0} records/s",
+                ks.seconds,
+                ks.rate(o.records)
+            );
+            let output_keys = compare_tables(case, o.records, &eddy_out, &ks_out)?;
+            eprintln!("{label}: same final table ({output_keys} keys, same partitions)");
+            if !o.check_only {
+                eprintln!("{label}: restores");
+                let (secs, n) = restore_eddy(&yaml, edir.path())?;
+                eddy.restore_seconds = Some(secs);
+                eddy.restored_records = Some(n);
+                std::fs::remove_dir_all(kdir.path().join("state"))?;
+                let mut args = common.clone();
+                args.push("--restore-only".into());
+                let (wall, _, _, line) =
+                    run_java(&o.jar, &args, &kdir.path().join("refapp-restore.log"))?;
+                // Same as eddy's: process start → every task restored and RUNNING (JVM
+                // start included). `to_running_seconds` (KafkaStreams#start → RUNNING) is kept
+                // as `restore_from_start_seconds`.
+                ks.restore_seconds = line["process_to_running_seconds"]
+                    .as_f64()
+                    .or(line["to_running_seconds"].as_f64());
+                ks.restore_from_start = line["to_running_seconds"].as_f64();
+                ks.restored_records = line["restored_records"].as_f64();
+                ks.extra["restore"] = line;
+                ks.extra["restore_wall_seconds"] = json!(wall);
+            }
+            Ok(Row {
+                case,
+                guarantee: g,
+                records: o.records,
+                output_keys,
+                eddy,
+                ks,
+            })
+        })();
+        let _ = cleanup(&[&eddy_app, &ks_app], &[&eddy_out, &ks_out]);
+        rows.push(res.with_context(|| label.clone())?);
+    }
+    Ok(rows)
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
+/// The results as a markdown table; `targets` marks each ratio as met (bold) or missed (✗).
+pub fn markdown(rows: &[Row], targets: bool) -> String {
+    let mut s = String::from(
+        "| case | guarantee | records/s eddy | KS | ratio (≥ 2) | CPU s/M eddy | KS | ratio (≤ 0.5) | peak RSS MiB eddy | KS | ratio (≤ 0.5) | restore s eddy | KS | ratio (≤ 0.5) | KS start()→RUNNING s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        let n = r.records;
+        let ra = r.ratios();
+        let mark = |i: usize| {
+            let (_, v, t, at_least) = ra[i];
+            match v {
+                Some(v) if !targets => format!("{v:.2}"),
+                Some(v) if (at_least && v >= t) || (!at_least && v <= t) => {
+                    format!("**{v:.2}**")
+                }
+                Some(v) => format!("{v:.2} ✗"),
+                None => "–".into(),
+            }
+        };
+        s += &format!(
+            "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} |\n",
+            r.case.name(),
+            r.guarantee.eddy(),
+            r.eddy.rate(n),
+            r.ks.rate(n),
+            mark(0),
+            r.eddy.cpu_per_m(n),
+            r.ks.cpu_per_m(n),
+            mark(1),
+            r.eddy.rss_mib(),
+            r.ks.rss_mib(),
+            mark(2),
+            opt(r.eddy.restore_seconds, 2),
+            opt(r.ks.restore_seconds, 2),
+            mark(3),
+            opt(r.ks.restore_from_start, 2),
+        );
+    }
+    s
+}
+
+pub fn to_json(o: &Options, rows: &[Row]) -> Value {
+    let m = |x: &Measure, n: usize| {
+        json!({
+            "seconds": x.seconds,
+            "records_per_second": x.rate(n),
+            "cpu_seconds": x.cpu,
+            "cpu_seconds_per_million": x.cpu_per_m(n),
+            "peak_rss_bytes": x.rss,
+            "restore_seconds": x.restore_seconds,
+            "restored_records": x.restored_records,
+            "restore_from_start_seconds": x.restore_from_start,
+            "kstreams": x.extra,
+        })
+    };
+    json!({
+        "records": o.records,
+        "keys": o.keys,
+        "partitions": o.partitions,
+        "runs": rows.iter().map(|r| json!({
+            "case": r.case.name(),
+            "guarantee": r.guarantee.eddy(),
+            "output_keys": r.output_keys,
+            "eddy": m(&r.eddy, r.records),
+            "kafka_streams": m(&r.ks, r.records),
+            "ratios": r.ratios().iter().map(|(name, v, t, _)| json!({"metric": name, "eddy_over_kstreams": v, "target": t})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A hand-written SVG: one panel per metric, a horizontal bar per case+guarantee with the
+/// eddy/KS ratio, and a dashed line at the target.
+pub fn svg(rows: &[Row]) -> String {
+    const COLORS: [&str; 4] = ["#4c78a8", "#72b7b2", "#f58518", "#e45756"];
+    let (width, left, right, bar, gap) = (760.0, 190.0, 40.0, 16.0, 4.0);
+    let panel_h = 28.0 + rows.len() as f64 * (bar + gap) + 14.0;
+    let metrics = ["throughput", "CPU s/M records", "peak RSS", "restore"];
+    let height = 40.0 + panel_h * metrics.len() as f64 + 10.0;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">eddy / Kafka Streams (dashed red: target, dotted grey: parity 1.0)</text>\n"
+    );
+    for (mi, metric) in metrics.iter().enumerate() {
+        let y0 = 40.0 + panel_h * mi as f64;
+        let vals: Vec<(String, Option<f64>, f64, bool)> = rows
+            .iter()
+            .map(|r| {
+                let (_, v, t, a) = r.ratios()[mi];
+                (r.label(), v, t, a)
+            })
+            .collect();
+        let target = vals.first().map_or(1.0, |v| v.2);
+        let at_least = vals.first().is_some_and(|v| v.3);
+        let max = vals
+            .iter()
+            .filter_map(|v| v.1)
+            .fold(target.max(1.0), f64::max)
+            * 1.15;
+        let x = |v: f64| left + (width - left - right) * v / max;
+        s += &format!(
+            "<text x=\"10\" y=\"{}\" font-weight=\"bold\">{} (target {} {target})</text>\n",
+            y0 + 14.0,
+            esc(metric),
+            if at_least { "≥" } else { "≤" }
+        );
+        for (i, (label, v, t, a)) in vals.iter().enumerate() {
+            let y = y0 + 24.0 + i as f64 * (bar + gap);
+            s += &format!(
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
+                left - 6.0,
+                y + bar - 4.0,
+                esc(label)
+            );
+            match v {
+                Some(v) => {
+                    let ok = if *a { *v >= *t } else { *v <= *t };
+                    s += &format!(
+                        "<rect x=\"{left}\" y=\"{y}\" width=\"{:.1}\" height=\"{bar}\" fill=\"{}\"/>\n<text x=\"{:.1}\" y=\"{}\">{v:.2}{}</text>\n",
+                        (x(*v) - left).max(1.0),
+                        COLORS[i % COLORS.len()],
+                        x(*v) + 4.0,
+                        y + bar - 4.0,
+                        if ok { "" } else { " ✗" }
+                    );
+                }
+                None => {
+                    s += &format!(
+                        "<text x=\"{}\" y=\"{}\" fill=\"#888\">not measured</text>\n",
+                        left + 4.0,
+                        y + bar - 4.0
+                    );
+                }
+            }
+        }
+        let bottom = y0 + 24.0 + vals.len() as f64 * (bar + gap);
+        let (tx, top, one) = (x(target), y0 + 20.0, x(1.0));
+        s += &format!(
+            "<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{bottom}\" stroke=\"#333\"/>\n<line x1=\"{tx:.1}\" y1=\"{top}\" x2=\"{tx:.1}\" y2=\"{bottom}\" stroke=\"#d62728\" stroke-dasharray=\"4 3\"/>\n<line x1=\"{one:.1}\" y1=\"{top}\" x2=\"{one:.1}\" y2=\"{bottom}\" stroke=\"#999\" stroke-dasharray=\"1 3\"/>\n"
+        );
+    }
+    s += "</svg>\n";
+    s
+}
