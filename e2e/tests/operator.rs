@@ -372,7 +372,7 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
     Ok(())
 }
 
-/// Records in a topic, from its watermarks.
+/// Committed records in a topic (read in full).
 fn read_count_committed(topic: &str) -> Result<i64> {
     Ok(read_all(topic)?.len() as i64)
 }

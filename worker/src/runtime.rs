@@ -251,12 +251,8 @@ impl Manager<'_> {
     /// Release the tasks not in `ids` (after committing them) and take the new ones
     /// (restoring them before they process).
     fn change(&mut self, ids: &[TaskId]) -> Result<(), RuntimeError> {
-        let (keep, release): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
-            .into_iter()
-            .partition(|t| ids.contains(&t.id));
-        self.tasks = keep;
-        if !release.is_empty() {
-            self.tasks.extend(release);
+        if self.tasks.iter().any(|t| !ids.contains(&t.id)) {
+            // Released tasks hand over committed state: commit everything first.
             commit(self.cfg, &self.consumer, &mut self.tasks, &self.metrics)?;
             let (keep, release): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
                 .into_iter()
@@ -265,6 +261,8 @@ impl Manager<'_> {
             let mut tpl = TopicPartitionList::new();
             for mut t in release {
                 tpl.add_partition(&t.input_topic, t.id.partition);
+                // The commit opened a new, empty transaction: end it before dropping the
+                // producer.
                 if self.cfg.exactly_once() {
                     let _ = t
                         .collector
