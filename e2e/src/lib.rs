@@ -217,23 +217,30 @@ pub fn produce(topic: &str, records: &[Input]) -> Result<()> {
         if let Some(v) = v {
             rec = rec.payload(v.as_slice());
         }
-        let mut rec = rec;
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((
-                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                    r,
-                )) => {
-                    p.poll(Duration::from_millis(10));
-                    rec = r;
-                }
-                Err((e, _)) => bail!("producing to {topic}: {e}"),
-            }
-        }
+        send(&p, rec)?;
     }
     p.flush(Duration::from_secs(60))?;
     Ok(())
+}
+
+/// Send a record, waiting for queue space when librdkafka's queue is full.
+pub fn send<'a>(
+    p: &ThreadedProducer<DefaultProducerContext>,
+    mut rec: BaseRecord<'a, [u8], [u8]>,
+) -> Result<()> {
+    loop {
+        match p.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((
+                KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                r,
+            )) => {
+                p.poll(Duration::from_millis(5));
+                rec = r;
+            }
+            Err((e, r)) => bail!("producing to {}: {e}", r.topic),
+        }
+    }
 }
 
 /// A record read back from a topic.
@@ -557,23 +564,11 @@ pub fn ensure_input(records: usize, keys: usize, partitions: i32, prefix: &str) 
             1_700_000_000_000u64 + i as u64
         );
         let part = eddy_worker::partitioner::partition_for(key.as_bytes(), partitions);
-        let mut rec = BaseRecord::to(&topic)
+        let rec = BaseRecord::to(&topic)
             .key(key.as_bytes())
             .payload(value.as_bytes())
             .partition(part);
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((
-                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                    r,
-                )) => {
-                    p.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-                Err((e, _)) => bail!("producing: {e}"),
-            }
-        }
+        send(&p, rec)?;
     }
     p.flush(Duration::from_secs(120))?;
     Ok(topic)

@@ -328,19 +328,7 @@ fn passthrough_child() -> Result<()> {
         if let Some(v) = m.payload() {
             rec = rec.payload(v);
         }
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((
-                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                    r,
-                )) => {
-                    p.poll(Duration::from_millis(5));
-                    rec = r;
-                }
-                Err((e, _)) => bail!("producing: {e}"),
-            }
-        }
+        send(&p, rec)?;
         seen += 1;
     }
     p.flush(Duration::from_secs(120))?;
