@@ -80,6 +80,25 @@ impl ControlPlane {
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
     }
 
+    /// Apply the StatefulStreamApp CRD from `path` (a file or a directory) and wait until the
+    /// API server serves it.
+    pub fn install_crd(&self, path: &Path) -> Result<()> {
+        self.kubectl(
+            &["apply", "--server-side", "-f", &path.to_string_lossy()],
+            None,
+        )?;
+        self.kubectl(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "crd/statefulstreamapps.eddy.dev",
+                "--timeout=60s",
+            ],
+            None,
+        )?;
+        Ok(())
+    }
+
     /// A kubeconfig holding a token of a ServiceAccount: whoever uses it has exactly its rights.
     pub fn kubeconfig_for(&self, ns: &str, sa: &str, dir: &Path) -> Result<PathBuf> {
         let token = self.kubectl(&["-n", ns, "create", "token", sa, "--duration", "2h"], None)?;

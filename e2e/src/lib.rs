@@ -351,7 +351,8 @@ pub fn binary(name: &str) -> Result<PathBuf> {
         })
 }
 
-fn free_port() -> Result<u16> {
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

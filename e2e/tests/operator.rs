@@ -80,10 +80,7 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
     // The chart's CRD and RBAC, as `helm install` would create them (the operator itself
     // runs here as a local process with its ServiceAccount's token).
     cp.kubectl(&["create", "namespace", NS], None)?;
-    cp.kubectl(
-        &["apply", "--server-side", "-f", "charts/eddy-operator/crds/"],
-        None,
-    )?;
+    cp.install_crd(&repo_root().join("charts/eddy-operator/crds"))?;
     let rbac = cp.tool(
         "helm",
         &[
@@ -100,18 +97,9 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
         None,
     )?;
     cp.kubectl(&["apply", "-f", "-"], Some(&rbac))?;
-    cp.kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/statefulstreamapps.eddy.dev",
-            "--timeout=60s",
-        ],
-        None,
-    )?;
     let op_kubeconfig = cp.kubeconfig_for(NS, "t-eddy-operator", dir.path())?;
 
-    let op_port = TcpPort::free()?;
+    let op_port = free_port()?;
     let _operator = spawn(
         "eddy-operator",
         &[
@@ -127,7 +115,7 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
         &dir.path().join("operator.log"),
     )?;
     // A second replica waits on the Lease: one leader at a time.
-    let op_b_port = TcpPort::free()?;
+    let op_b_port = free_port()?;
     let _operator_b = spawn(
         "eddy-operator",
         &[
@@ -274,7 +262,7 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
         .collect();
     produce(&input, &more)?;
     wait_until(WAIT, || {
-        Ok(read_count_committed(&format!("{app}-counts-changelog"))? >= 200_040)
+        Ok(read_all(&format!("{app}-counts-changelog"))?.len() >= 200_040)
     })?;
     let pvc_dir = dir
         .path()
@@ -372,11 +360,6 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
     Ok(())
 }
 
-/// Committed records in a topic (read in full).
-fn read_count_committed(topic: &str) -> Result<i64> {
-    Ok(read_all(topic)?.len() as i64)
-}
-
 fn logs(dir: &Path) -> String {
     ["operator.log", "runner.log"]
         .iter()
@@ -390,14 +373,4 @@ fn logs(dir: &Path) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-struct TcpPort;
-
-impl TcpPort {
-    fn free() -> Result<u16> {
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port())
-    }
 }

@@ -18,26 +18,7 @@ fn main() -> Result<()> {
     let bs = bootstrap()?;
     let cp = ControlPlane::start(&format!("opbench-{}", std::process::id()))?;
     let kubectl = |args: &[&str], stdin: Option<&str>| cp.kubectl(args, stdin);
-    kubectl(
-        &[
-            "apply",
-            "--server-side",
-            "-f",
-            &repo_root()
-                .join("crds/statefulstreamapp.yaml")
-                .to_string_lossy(),
-        ],
-        None,
-    )?;
-    kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/statefulstreamapps.eddy.dev",
-            "--timeout=60s",
-        ],
-        None,
-    )?;
+    cp.install_crd(&repo_root().join("crds/statefulstreamapp.yaml"))?;
     let topic = unique("opbench-in");
     create_topic(&topic, 6)?;
 

@@ -608,7 +608,7 @@ impl Supervisor {
         // The HTTP listener moves to a free loopback port; the readiness probe follows it.
         let mut http = None;
         if let Some((_, addr)) = env.iter_mut().find(|(k, _)| k == "EDDY_HTTP_ADDR") {
-            let port = free_port().map_err(config_err)?;
+            let port = eddy_e2e::free_port().map_err(config_err)?;
             http = Some((
                 addr.rsplit(':').next().and_then(|p| p.parse::<i32>().ok()),
                 port,
@@ -1303,12 +1303,6 @@ fn rewrite_path(value: &str, mounts: &[(String, PathBuf)]) -> Option<String> {
         })
         .max_by_key(|(len, _)| *len)
         .map(|(_, v)| v)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// A readiness probe's httpGet, moved to the process's loopback port.
