@@ -4,6 +4,7 @@
 # one, runs eddy-vs-kstreams with the given arguments and stops the broker.
 #
 #   bench/compare.sh [--records N] [--keys K] [--partitions P] [--out DIR] [--check-only] [--publish]
+#                    [--cases count:at_least_once,sum:exactly_once,...]
 #
 # --out defaults to ~/.cache/eddy/bench-results (results.json, results.md, ratios.svg).
 set -euo pipefail

@@ -219,7 +219,9 @@ pick_ports() {
 wait_port() { # NAME PORT: until something listens on PORT; fail fast if NAME died
   local name="$1" port="$2" waited=0
   until port_listening "$port"; do
-    comp_alive "$name" || {
+    # Only the pid here: right after the launch the process may not have exec'd yet, so its
+    # command line is still this script's (comp_alive's check guards stale pid files).
+    kill -0 "$(comp_pid "$name")" 2>/dev/null || {
       log_tail "$name"
       die "$name exited during start-up"
     }

@@ -57,6 +57,26 @@ pub const ALL: [(Case, Guarantee); 4] = [
     (Case::Sum, Guarantee::ExactlyOnce),
 ];
 
+/// Parse `count:at_least_once,sum:exactly_once` into runs.
+pub fn parse_runs(s: &str) -> Result<Vec<(Case, Guarantee)>> {
+    s.split(',')
+        .map(|item| {
+            ALL.iter()
+                .copied()
+                .find(|(c, g)| format!("{}:{}", c.name(), g.eddy()) == item.trim())
+                .with_context(|| {
+                    format!(
+                        "unknown case '{item}' in --cases; use a comma-separated list of {}",
+                        ALL.iter()
+                            .map(|(c, g)| format!("{}:{}", c.name(), g.eddy()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })
+        })
+        .collect()
+}
+
 pub struct Options {
     pub records: usize,
     pub keys: usize,

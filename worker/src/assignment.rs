@@ -4,7 +4,7 @@
 //! backlog, the generation it applied) into its own entry of `status.workers` with
 //! server-side apply, the pod name as field manager, at a bounded rate.
 
-use crate::runtime::Status;
+use crate::runtime::{Peer, Status};
 use eddy_crds::TaskId;
 use eddy_crds::resource::StatefulStreamApp;
 use futures::StreamExt;
@@ -38,7 +38,22 @@ pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::
                 continue;
             }
         };
-        let Some(a) = app.status.and_then(|s| s.assignment) else {
+        let Some(st) = app.status else { continue };
+        if let Ok(mut peers) = status.peers.lock() {
+            *peers = st
+                .workers
+                .iter()
+                .filter(|(pod, _)| **pod != link.pod)
+                .map(|(pod, w)| {
+                    let peer = Peer {
+                        applied_generation: w.applied_generation,
+                        tasks: w.tasks.keys().filter_map(|t| t.parse().ok()).collect(),
+                    };
+                    (pod.clone(), peer)
+                })
+                .collect();
+        }
+        let Some(a) = st.assignment else {
             continue;
         };
         let mine: Vec<TaskId> = a

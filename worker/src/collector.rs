@@ -202,17 +202,42 @@ pub fn dead_letter_headers(reason: &str, topic: &str, partition: i32, offset: i6
 }
 
 /// A producer for a task (`transactional_id` under exactly-once) or for the whole process.
+/// Wait until every record sent so far is delivered or failed.
+///
+/// rdkafka's `Producer::flush` (also called by `commit_transaction`) waits in 100 ms slices
+/// for events that the `ThreadedProducer`'s own thread consumes, so any flush with records in
+/// flight took at least 100 ms: under exactly-once that was most of every 100 ms commit.
+/// librdkafka's `rd_kafka_flush` instead waits on the in-flight count, which that thread
+/// brings to zero as it serves the delivery reports.
+pub fn flush(p: &Producer, timeout: Duration) -> Result<(), KafkaError> {
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: the pointer is the live client `p` owns; rd_kafka_flush is thread-safe and, in
+    // event mode (rdkafka's), only waits for the count without serving any queue.
+    let err = unsafe { rdkafka::bindings::rd_kafka_flush(p.client().native_ptr(), ms) };
+    if err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+        Ok(())
+    } else {
+        Err(KafkaError::Flush(err.into()))
+    }
+}
+
+/// The transactional id of a worker's producer under exactly-once: stable across restarts
+/// of the same worker (pod), so a restart fences the previous incarnation.
+pub fn transactional_id(application_id: &str, instance: &str) -> String {
+    format!("{application_id}-{instance}")
+}
+
 pub fn producer(
     cfg: &crate::config::WorkerConfig,
     transactional_id: Option<&str>,
 ) -> Result<Arc<Producer>, KafkaError> {
-    let mut c = cfg.client_config();
-    c.set("linger.ms", "10")
-        .set("batch.num.messages", "10000")
-        .set("enable.idempotence", "true")
-        .set("queue.buffering.max.kbytes", "32768");
+    let mut c = cfg.client_config_with(&[
+        ("linger.ms", "10"),
+        ("batch.num.messages", "10000"),
+        ("queue.buffering.max.kbytes", "32768"),
+    ]);
+    c.set("enable.idempotence", "true");
     if let Some(id) = transactional_id {
-        // Per-task transactional ids: whoever takes a task over fences its zombie owner.
         c.set("transactional.id", id)
             .set("transaction.timeout.ms", "30000");
     }

@@ -175,9 +175,18 @@ impl WorkerConfig {
 
     /// Base client properties: the brokers plus the app's extra librdkafka properties.
     pub fn client_config(&self) -> ClientConfig {
+        self.client_config_with(&[])
+    }
+
+    /// A client with eddy's tuning for one role (`defaults`), under the app's own
+    /// `kafka.properties`, so a user can always override what eddy picked.
+    pub fn client_config_with(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap_servers);
         c.set("client.id", &self.instance_id);
+        for (k, v) in defaults {
+            c.set(*k, *v);
+        }
         for (k, v) in self.security.iter().chain(&self.spec.kafka.properties) {
             c.set(k, v);
         }

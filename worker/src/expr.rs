@@ -10,6 +10,9 @@
 //! the worker's environment, which holds credentials), `input`/`inputs` do not exist (one record
 //! in, outputs out), and `halt`/`halt_error` fail the expression instead of exiting the process.
 
+mod fast;
+
+pub use fast::Input;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -69,6 +72,8 @@ pub struct Expr(Arc<Compiled>);
 
 struct Compiled {
     filter: Filter,
+    /// The same expression for the direct evaluator, when it is inside its subset.
+    fast: Option<fast::Fast>,
     source: String,
     vars: usize,
 }
@@ -119,6 +124,7 @@ impl Expr {
 
         Ok(Expr(Arc::new(Compiled {
             filter,
+            fast: fast::Fast::compile(src, vars),
             source: src.to_owned(),
             vars: vars.len(),
         })))
@@ -157,6 +163,24 @@ impl Expr {
         first.ok_or_else(|| ExprError::NoValue {
             expr: self.0.source.clone(),
         })
+    }
+
+    /// The one output computed directly from `input` (see [`fast`]), or `None` when the
+    /// expression or the value needs jaq: then call [`Expr::one`] or [`Expr::run`].
+    pub fn fast(&self, input: Input<'_>, vars: &[Val]) -> Option<Val> {
+        if vars.len() != self.0.vars {
+            return None;
+        }
+        let f = self.0.fast.as_ref()?;
+        // A record that does not decode must fail as it does under jaq, even when the
+        // expression would not look at it.
+        if let Input::Json(doc) = input
+            && !f.reads_input()
+            && !fast::is_json(doc)
+        {
+            return None;
+        }
+        f.eval(input, vars)
     }
 
     /// The expression's source text, as given to [`Expr::compile`].

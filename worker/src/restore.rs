@@ -14,6 +14,7 @@ use rdkafka::consumer::ConsumerContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -42,7 +43,9 @@ struct RestoreContext;
 
 impl ClientContext for RestoreContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        let eof = matches!(error, KafkaError::PartitionEOF(_))
+            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF);
+        if !eof {
             tracing::error!("librdkafka: {error}: {reason}");
         }
     }
@@ -52,7 +55,46 @@ impl ConsumerContext for RestoreContext {}
 /// Records restored, per task id and store, for logs and tests.
 pub type Restored = HashMap<(String, String), u64>;
 
-const BATCH: usize = 10_000;
+/// Bytes of distinct keys and values buffered per changelog partition before they are
+/// written to the store. Only a key's last value matters, so a batch keeps one entry per key:
+/// a changelog written by frequent commits repeats each key many times, and every repeat
+/// dropped here is a memtable insert saved.
+const BATCH_BYTES: usize = 2 << 20;
+
+/// One partition's records read but not yet written: last value per key.
+#[derive(Default)]
+struct Pending {
+    latest: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    bytes: usize,
+    /// Records read into this batch.
+    read: u64,
+    /// Offset after the last record read.
+    next: i64,
+}
+
+impl Pending {
+    fn add(&mut self, key: &[u8], value: Option<&[u8]>, offset: i64) {
+        let vlen = value.map_or(0, <[u8]>::len);
+        match self.latest.get_mut(key) {
+            Some(v) => {
+                self.bytes = self.bytes + vlen - v.as_ref().map_or(0, Vec::len);
+                match (v, value) {
+                    (Some(old), Some(new)) => {
+                        old.clear();
+                        old.extend_from_slice(new);
+                    }
+                    (v, new) => *v = new.map(<[u8]>::to_vec),
+                }
+            }
+            None => {
+                self.bytes += key.len() + vlen;
+                self.latest.insert(key.to_vec(), value.map(<[u8]>::to_vec));
+            }
+        }
+        self.read += 1;
+        self.next = offset + 1;
+    }
+}
 
 /// Restore every store of `tasks` to the end of its changelog.
 pub fn restore(
@@ -96,15 +138,20 @@ pub fn restore(
             source,
         };
         let consumer: BaseConsumer<RestoreContext> = cfg
-            .client_config()
+            .client_config_with(&[
+                ("fetch.max.bytes", "52428800"),
+                ("max.partition.fetch.bytes", "10485760"),
+                ("queued.max.messages.kbytes", "65536"),
+                ("fetch.queue.backoff.ms", "10"),
+                // A partition is done when a fetch reports its end (PartitionEOF), and the
+                // broker holds a fetch with nothing new for up to this long (default 500 ms).
+                ("fetch.wait.max.ms", "10"),
+            ])
             .set("group.id", format!("{}-restore", cfg.application_id))
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
             .set("enable.partition.eof", "true")
             .set("auto.offset.reset", "earliest")
-            .set("fetch.max.bytes", "52428800")
-            .set("max.partition.fetch.bytes", "10485760")
-            .set("queued.max.messages.kbytes", "65536")
             .create_with_context(RestoreContext)
             .map_err(kafka)?;
         // partition → (task index, store index, high watermark)
@@ -155,9 +202,13 @@ pub fn restore(
         if targets.is_empty() {
             continue;
         }
+        // Leaders known before assigning: the first fetch goes out at once (see runtime).
+        consumer
+            .fetch_metadata(Some(&changelog), Duration::from_secs(30))
+            .map_err(kafka)?;
         consumer.assign(&tpl).map_err(kafka)?;
         let started = Instant::now();
-        let mut pending: HashMap<i32, (Changes, i64)> = HashMap::new();
+        let mut pending: HashMap<i32, Pending> = HashMap::new();
         while !targets.is_empty() {
             if status.shutdown.load(Ordering::Relaxed) {
                 return Err(RestoreError::Interrupted);
@@ -168,12 +219,8 @@ pub fn restore(
                 Some(Err(e)) => return Err(kafka(e)),
                 Some(Ok(m)) => {
                     let entry = pending.entry(m.partition()).or_default();
-                    entry.0.push((
-                        m.key().unwrap_or_default().to_vec(),
-                        m.payload().map(<[u8]>::to_vec),
-                    ));
-                    entry.1 = m.offset() + 1;
-                    if entry.0.len() < BATCH {
+                    entry.add(m.key().unwrap_or_default(), m.payload(), m.offset());
+                    if entry.bytes < BATCH_BYTES {
                         continue;
                     }
                     (m.partition(), false)
@@ -182,7 +229,9 @@ pub fn restore(
             let Some(&(ti, si, high)) = targets.get(&p) else {
                 continue;
             };
-            let (batch, mut next) = pending.remove(&p).unwrap_or_default();
+            let batch = pending.remove(&p).unwrap_or_default();
+            let (n, mut next) = (batch.read, batch.next);
+            let batch: Changes = batch.latest.into_iter().collect();
             if done {
                 // Past control records the position can be beyond the last record's offset.
                 if let Ok(pos) = consumer.position()
@@ -192,7 +241,6 @@ pub fn restore(
                     next = next.max(o);
                 }
             }
-            let n = batch.len() as u64;
             let t = &mut tasks[ti];
             if next > 0 {
                 apply(t, si, batch, next)

@@ -8,6 +8,7 @@
 //! flushed state and the changelog offsets to each store. A crash anywhere in between leaves
 //! the stores at the previous commit, and restore replays the changelog tail from there.
 
+use crate::cache::StoreState;
 use crate::changelog::{self, TopicError};
 use crate::collector::{self, Collector};
 use crate::config::WorkerConfig;
@@ -67,8 +68,18 @@ pub struct Status {
     pub follow_assignment: bool,
     /// The operator's assignment for this worker: (generation, active tasks).
     pub desired: Mutex<Option<(i64, Vec<TaskId>)>>,
+    /// Under the operator: what each other worker of the app reports, by pod.
+    pub peers: Mutex<HashMap<String, Peer>>,
     /// What this worker runs, for its entry in the app's `status.workers`.
     pub report: Mutex<WorkerStatus>,
+}
+
+/// Another worker of the same app, as its `status.workers` entry describes it.
+#[derive(Clone, Debug, Default)]
+pub struct Peer {
+    pub applied_generation: i64,
+    /// Tasks it holds, in any state.
+    pub tasks: Vec<TaskId>,
 }
 
 /// Feeds consumer lag from librdkafka's statistics into the metrics, without extra requests.
@@ -103,27 +114,42 @@ pub fn run(
 ) -> Result<(), RuntimeError> {
     let counts = Arc::new(changelog::prepare(cfg)?);
     let consumer: BaseConsumer<LagReporter> = cfg
-        .client_config()
+        .client_config_with(&[
+            ("statistics.interval.ms", "5000"),
+            // librdkafka waits a whole second (its default) before fetching again for a
+            // partition whose queue was full; a busy task drains it in milliseconds.
+            ("fetch.queue.backoff.ms", "10"),
+            ("queued.max.messages.kbytes", "16384"),
+            ("fetch.max.bytes", "52428800"),
+        ])
         .set("group.id", &cfg.application_id)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
-        .set("statistics.interval.ms", "5000")
-        .set("queued.max.messages.kbytes", "16384")
-        .set("fetch.max.bytes", "52428800")
         .create_with_context(LagReporter(metrics.clone()))
         .map_err(kafka("creating the consumer"))?;
-    let shared = if cfg.exactly_once() {
-        None
+    // One producer for every task of this worker. Under exactly-once it is transactional
+    // with an id that names this worker: initializing it fences this worker's previous
+    // incarnation and aborts its open transaction, so restore sees the changelogs' committed
+    // ends (Kafka Streams' exactly_once_v2: one transaction per thread, not per task).
+    let producer = if cfg.exactly_once() {
+        let id = collector::transactional_id(&cfg.application_id, &cfg.instance_id);
+        let p = collector::producer(cfg, Some(&id)).map_err(kafka(format!("producer {id}")))?;
+        retry(Duration::from_secs(60), || {
+            p.init_transactions(Duration::from_secs(60))
+        })
+        .map_err(kafka(format!("initializing transactions of {id}")))?;
+        p
     } else {
-        Some(collector::producer(cfg, None).map_err(kafka("creating the producer"))?)
+        collector::producer(cfg, None).map_err(kafka("creating the producer"))?
     };
     let mut m = Manager {
         cfg,
         counts,
         resources: StateResources::new(cfg.rocksdb_bytes)?,
         consumer,
-        shared,
+        producer,
+        in_transaction: false,
         metrics,
         status,
         tasks: Vec::new(),
@@ -140,15 +166,10 @@ pub fn run(
             Ok(())
         }
         Err(e) => {
-            // Nothing after the last commit is kept: aborted transactions (exactly-once) or
-            // uncommitted offsets (at-least-once) make the next run redo it.
-            if cfg.exactly_once() {
-                for t in &m.tasks {
-                    let _ = t
-                        .collector
-                        .producer
-                        .abort_transaction(Duration::from_secs(10));
-                }
+            // Nothing after the last commit is kept: the aborted transaction (exactly-once)
+            // or uncommitted offsets (at-least-once) make the next run redo it.
+            if m.in_transaction {
+                let _ = m.producer.abort_transaction(Duration::from_secs(10));
             }
             Err(e)
         }
@@ -161,7 +182,9 @@ struct Manager<'a> {
     counts: Arc<changelog::PartitionCounts>,
     resources: StateResources,
     consumer: BaseConsumer<LagReporter>,
-    shared: Option<Arc<collector::Producer>>,
+    producer: Arc<collector::Producer>,
+    /// Exactly-once: a transaction is open on `producer`.
+    in_transaction: bool,
     metrics: Arc<Metrics>,
     status: Arc<Status>,
     tasks: Vec<Task>,
@@ -175,8 +198,7 @@ impl Manager<'_> {
         let mut next_commit = Instant::now() + self.cfg.commit_interval;
         while !self.status.shutdown.load(Ordering::Relaxed) {
             if let Some((generation, ids)) = self.wanted() {
-                self.change(&ids)?;
-                self.applied = Some(generation);
+                self.change(generation, &ids)?;
                 route = Router::new(&self.tasks);
                 self.report();
             }
@@ -210,11 +232,11 @@ impl Manager<'_> {
                 }
             }
             if Instant::now() >= next_commit {
-                commit(self.cfg, &self.consumer, &mut self.tasks, &self.metrics)?;
+                self.commit()?;
                 next_commit = Instant::now() + self.cfg.commit_interval;
             }
         }
-        commit(self.cfg, &self.consumer, &mut self.tasks, &self.metrics)
+        self.commit()
     }
 
     /// Every task of the app, as (sub-topology index, id).
@@ -250,10 +272,13 @@ impl Manager<'_> {
 
     /// Release the tasks not in `ids` (after committing them) and take the new ones
     /// (restoring them before they process).
-    fn change(&mut self, ids: &[TaskId]) -> Result<(), RuntimeError> {
+    fn change(&mut self, generation: i64, ids: &[TaskId]) -> Result<(), RuntimeError> {
+        // Reported as applied once the released tasks are let go (below), before any
+        // restore: a worker waiting for them must not wait for this worker's restores.
+        self.applied = Some(generation);
         if self.tasks.iter().any(|t| !ids.contains(&t.id)) {
             // Released tasks hand over committed state: commit everything first.
-            commit(self.cfg, &self.consumer, &mut self.tasks, &self.metrics)?;
+            self.commit()?;
             let (keep, release): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
                 .into_iter()
                 .partition(|t| ids.contains(&t.id));
@@ -261,20 +286,14 @@ impl Manager<'_> {
             let mut tpl = TopicPartitionList::new();
             for mut t in release {
                 tpl.add_partition(&t.input_topic, t.id.partition);
-                // The commit opened a new, empty transaction: end it before dropping the
-                // producer.
-                if self.cfg.exactly_once() {
-                    let _ = t
-                        .collector
-                        .producer
-                        .abort_transaction(Duration::from_secs(10));
-                }
                 t.close()?;
                 tracing::info!(task = %t.id, "task released");
             }
             self.consumer
                 .incremental_unassign(&tpl)
                 .map_err(kafka("unassigning released partitions"))?;
+            // Tell the other workers at once: one may be waiting to take these tasks over.
+            self.report();
         }
         let new: Vec<TaskId> = ids
             .iter()
@@ -285,6 +304,12 @@ impl Manager<'_> {
             return Ok(());
         }
         self.status.ready.store(false, Ordering::Relaxed);
+        // Commit the running tasks before a restore that may take long: an open transaction
+        // must not outlive `transaction.timeout.ms`.
+        self.commit()?;
+        if self.cfg.exactly_once() && self.status.follow_assignment {
+            self.await_release(generation, &new)?;
+        }
         let mut added = self.create(&new)?;
         self.report_tasks(&added);
         let restored = restore::restore(
@@ -308,6 +333,16 @@ impl Manager<'_> {
                 .committed_offsets(tpl.clone(), Duration::from_secs(30))
         })
         .map_err(kafka("reading committed offsets"))?;
+        // Knowing the partition leaders before assigning lets the first fetch go out at once
+        // instead of after librdkafka's own metadata refresh (about half a second).
+        let mut topics: Vec<&str> = added.iter().map(|t| t.input_topic.as_str()).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        for topic in topics {
+            self.consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(30))
+                .map_err(kafka(format!("reading the metadata of {topic}")))?;
+        }
         let mut assignment = TopicPartitionList::new();
         for e in committed.elements() {
             let offset = match e.offset() {
@@ -321,13 +356,13 @@ impl Manager<'_> {
         self.consumer
             .incremental_assign(&assignment)
             .map_err(kafka("assigning input partitions"))?;
+        if self.cfg.exactly_once() && !self.in_transaction {
+            self.producer
+                .begin_transaction()
+                .map_err(kafka("beginning a transaction"))?;
+            self.in_transaction = true;
+        }
         for t in &mut added {
-            if self.cfg.exactly_once() {
-                t.collector
-                    .producer
-                    .begin_transaction()
-                    .map_err(kafka(format!("beginning a transaction for task {}", t.id)))?;
-            }
             t.transition(TaskState::Running);
         }
         self.tasks.extend(added);
@@ -336,41 +371,12 @@ impl Manager<'_> {
         Ok(())
     }
 
-    /// Create tasks (not yet restored). Under exactly-once each task has its own
-    /// transactional producer; initializing one fences any zombie owner of the task and
-    /// aborts its open transaction (so the changelog's committed end is known before
-    /// restoring). Done in parallel: each is a few round trips to the coordinator.
+    /// Create tasks (not yet restored), all writing through this worker's producer.
     fn create(&self, ids: &[TaskId]) -> Result<Vec<Task>, RuntimeError> {
         let cfg = self.cfg;
-        let producers: Vec<Arc<collector::Producer>> = match &self.shared {
-            Some(p) => ids.iter().map(|_| p.clone()).collect(),
-            None => std::thread::scope(|scope| {
-                let handles: Vec<_> = ids
-                    .iter()
-                    .map(|id| {
-                        scope.spawn(move || {
-                            let txn_id = format!("{}-{}", cfg.application_id, id);
-                            let p = collector::producer(cfg, Some(&txn_id))
-                                .map_err(kafka(format!("producer {txn_id}")))?;
-                            p.init_transactions(Duration::from_secs(60))
-                                .map_err(kafka(format!("initializing transactions of {txn_id}")))?;
-                            Ok(p)
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(RuntimeError::Delivery("a producer thread panicked".into()))
-                        })
-                    })
-                    .collect::<Result<Vec<_>, RuntimeError>>()
-            })?,
-        };
         let cache_share = cfg.record_cache_bytes / (self.tasks.len() + ids.len()).max(1);
         let mut out = Vec::with_capacity(ids.len());
-        for (id, producer) in ids.iter().zip(producers) {
+        for id in ids {
             let Some(sub) = cfg
                 .topology
                 .subtopologies
@@ -379,7 +385,7 @@ impl Manager<'_> {
             else {
                 continue;
             };
-            let collector = Collector::new(producer, self.counts.clone());
+            let collector = Collector::new(self.producer.clone(), self.counts.clone());
             out.push(Task::new(
                 cfg,
                 sub,
@@ -391,6 +397,118 @@ impl Manager<'_> {
             )?);
         }
         Ok(out)
+    }
+
+    /// Commit every task that processed something since the last commit.
+    fn commit(&mut self) -> Result<(), RuntimeError> {
+        let started = Instant::now();
+        let tasks = &mut self.tasks;
+        let dirty: Vec<usize> = (0..tasks.len())
+            .filter(|&i| {
+                tasks[i].next_offset.is_some()
+                    || tasks[i].stores().iter().any(StoreState::has_uncommitted)
+            })
+            .collect();
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        for &i in &dirty {
+            tasks[i].flush()?;
+        }
+        let mut offsets = TopicPartitionList::new();
+        for &i in &dirty {
+            if let Some(o) = tasks[i].next_offset {
+                offsets
+                    .add_partition_offset(
+                        &tasks[i].input_topic,
+                        tasks[i].id.partition,
+                        Offset::Offset(o),
+                    )
+                    .map_err(kafka("building offsets"))?;
+            }
+        }
+        let p = &self.producer;
+        collector::flush(p, Duration::from_secs(60)).map_err(kafka("waiting for deliveries"))?;
+        if self.cfg.exactly_once() {
+            // One transaction for every task: their outputs, changelog records and input
+            // offsets become visible together or not at all.
+            if offsets.count() > 0 {
+                let group = self.consumer.group_metadata().ok_or_else(|| {
+                    RuntimeError::Delivery("the consumer has no group metadata".into())
+                })?;
+                p.send_offsets_to_transaction(&offsets, &group, Duration::from_secs(30))
+                    .map_err(kafka("sending input offsets to the transaction"))?;
+            }
+            p.commit_transaction(Duration::from_secs(60))
+                .map_err(kafka("committing the transaction"))?;
+            self.in_transaction = false;
+            p.begin_transaction()
+                .map_err(kafka("beginning a transaction"))?;
+            self.in_transaction = true;
+        } else {
+            if offsets.count() > 0 {
+                self.consumer
+                    .commit(&offsets, CommitMode::Sync)
+                    .map_err(kafka("committing offsets"))?;
+            }
+        }
+        // A delivery that failed must not be stored as committed state.
+        if let Some(e) = tasks.first().and_then(|t| t.collector.take_error()) {
+            return Err(RuntimeError::Delivery(e));
+        }
+        for &i in &dirty {
+            tasks[i].write_committed()?;
+        }
+        self.metrics.commits.inc();
+        self.metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Exactly-once under the operator: a task moving here from another worker is restored
+    /// only after that worker committed it and let it go (it stops listing the task in its
+    /// `status.workers` entry). A worker that does not let go in time (hung, cut off from
+    /// the API server) is fenced: initializing its transactional id aborts its open
+    /// transaction and makes its next commit fail.
+    fn await_release(&self, generation: i64, ids: &[TaskId]) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + HANDOFF_TIMEOUT;
+        loop {
+            // Holders still list a task; a worker behind this generation may be about to
+            // take one (it reports a task only once it starts on it).
+            let (holders, behind) = match self.status.peers.lock() {
+                Ok(peers) => (
+                    peers
+                        .iter()
+                        .filter(|(_, p)| p.tasks.iter().any(|t| ids.contains(t)))
+                        .map(|(pod, _)| pod.clone())
+                        .collect::<Vec<_>>(),
+                    peers.values().any(|p| p.applied_generation < generation),
+                ),
+                Err(_) => (Vec::new(), false),
+            };
+            if holders.is_empty() && !behind {
+                return Ok(());
+            }
+            if self.status.shutdown.load(Ordering::Relaxed) {
+                return Err(RuntimeError::Restore(RestoreError::Interrupted));
+            }
+            if Instant::now() >= deadline {
+                for pod in holders {
+                    let id = collector::transactional_id(&self.cfg.application_id, &pod);
+                    tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
+                        "the previous owner still holds tasks assigned here: fencing it");
+                    let p = collector::producer(self.cfg, Some(&id))
+                        .map_err(kafka(format!("producer {id}")))?;
+                    retry(Duration::from_secs(60), || {
+                        p.init_transactions(Duration::from_secs(60))
+                    })
+                    .map_err(kafka(format!("fencing {id}")))?;
+                }
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn report_tasks(&self, extra: &[Task]) {
@@ -418,98 +536,6 @@ impl Manager<'_> {
     fn report(&self) {
         self.report_tasks(&[]);
     }
-}
-
-/// Commit every task that processed something since the last commit.
-fn commit(
-    cfg: &WorkerConfig,
-    consumer: &BaseConsumer<LagReporter>,
-    tasks: &mut [Task],
-    metrics: &Metrics,
-) -> Result<(), RuntimeError> {
-    let started = Instant::now();
-    let dirty: Vec<usize> = (0..tasks.len())
-        .filter(|&i| {
-            tasks[i].next_offset.is_some() || tasks[i].stores().iter().any(|s| s.bytes() > 0)
-        })
-        .collect();
-    if dirty.is_empty() {
-        return Ok(());
-    }
-    for &i in &dirty {
-        tasks[i].flush()?;
-    }
-    if cfg.exactly_once() {
-        let group = consumer
-            .group_metadata()
-            .ok_or_else(|| RuntimeError::Delivery("the consumer has no group metadata".into()))?;
-        // Each task commits its own transaction; they are independent, so commit them in
-        // parallel: a commit is a few broker round trips, mostly waiting.
-        let jobs: Vec<_> = dirty
-            .iter()
-            .map(|&i| {
-                let t = &tasks[i];
-                (
-                    t.id,
-                    t.collector.producer.clone(),
-                    t.input_topic.clone(),
-                    t.next_offset,
-                )
-            })
-            .collect();
-        let group = &group;
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = jobs
-                .chunks(jobs.len().div_ceil(COMMIT_THREADS))
-                .map(|chunk| {
-                    scope.spawn(move || {
-                        chunk
-                            .iter()
-                            .try_for_each(|job| commit_transaction(job, group))
-                    })
-                })
-                .collect();
-            handles.into_iter().try_for_each(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(RuntimeError::Delivery("a commit thread panicked".into()))
-                })
-            })
-        })?;
-    } else {
-        if let Some(t) = tasks.first() {
-            t.collector
-                .producer
-                .flush(Duration::from_secs(60))
-                .map_err(kafka("waiting for deliveries"))?;
-            if let Some(e) = t.collector.take_error() {
-                return Err(RuntimeError::Delivery(e));
-            }
-        }
-        let mut tpl = TopicPartitionList::new();
-        for &i in &dirty {
-            if let Some(o) = tasks[i].next_offset {
-                tpl.add_partition_offset(
-                    &tasks[i].input_topic,
-                    tasks[i].id.partition,
-                    Offset::Offset(o),
-                )
-                .map_err(kafka("building offsets"))?;
-            }
-        }
-        if tpl.count() > 0 {
-            consumer
-                .commit(&tpl, CommitMode::Sync)
-                .map_err(kafka("committing offsets"))?;
-        }
-    }
-    for &i in &dirty {
-        tasks[i].write_committed()?;
-    }
-    metrics.commits.inc();
-    metrics
-        .commit_seconds
-        .observe(started.elapsed().as_secs_f64());
-    Ok(())
 }
 
 /// Retry a Kafka call while it fails with an error that goes away by itself (a coordinator
@@ -542,28 +568,9 @@ fn retry<T>(
     }
 }
 
-/// Threads committing transactions at once under exactly-once.
-const COMMIT_THREADS: usize = 8;
-
-type TxnJob = (TaskId, Arc<collector::Producer>, String, Option<i64>);
-
-/// Commit one task's transaction, with its input offset, and open the next one.
-fn commit_transaction(
-    (id, p, topic, offset): &TxnJob,
-    group: &rdkafka::consumer::ConsumerGroupMetadata,
-) -> Result<(), RuntimeError> {
-    if let Some(o) = offset {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, id.partition, Offset::Offset(*o))
-            .map_err(kafka("building offsets"))?;
-        p.send_offsets_to_transaction(&tpl, group, Duration::from_secs(30))
-            .map_err(kafka(format!("sending offsets of task {id}")))?;
-    }
-    p.commit_transaction(Duration::from_secs(60))
-        .map_err(kafka(format!("committing the transaction of task {id}")))?;
-    p.begin_transaction()
-        .map_err(kafka(format!("beginning a transaction for task {id}")))
-}
+/// How long a worker waits for the previous owner of a task to let it go before fencing it
+/// (its report interval is 2 s).
+const HANDOFF_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Maps an input (topic, partition) to the task that owns it.
 struct Router {

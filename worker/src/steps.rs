@@ -1,7 +1,7 @@
 //! The declarative steps of an app file, as processors. Expressions are jq: `.` is the value,
 //! `$key` the key, `$ts` the timestamp and, in `aggregate.add`, `$agg` the current aggregate.
 
-use crate::expr::{Expr, Val, from_i64, truthy};
+use crate::expr::{Expr, Input, Val, from_i64, truthy};
 use crate::format;
 use crate::processor::{Context, ProcessError, Processor};
 use crate::record::{Data, Record};
@@ -18,15 +18,52 @@ fn vars(r: &Record) -> Result<[Val; 2], ProcessError> {
     Ok([val_of(&r.key)?, from_i64(r.timestamp)])
 }
 
+/// What the direct evaluator reads: JSON bytes not decoded yet, or the decoded value. `None`
+/// for values of other formats not decoded yet (jaq's path decodes them and reports errors).
+fn input_of(d: &Option<Data>) -> Option<Input<'_>> {
+    match d {
+        Some(Data::Raw {
+            bytes,
+            format,
+            decoded,
+        }) => match (decoded.get(), format) {
+            (Some(v), _) => Some(Input::Val(v)),
+            (None, Format::Json) => Some(Input::Json(bytes)),
+            (None, _) => None,
+        },
+        Some(Data::Val(v)) => Some(Input::Val(v)),
+        None => Some(Input::Null),
+    }
+}
+
+/// The expression's output on the record's value: directly when it can, else through jaq.
+fn fast(e: &Expr, value: &Option<Data>, vars: &[Val]) -> Option<Val> {
+    e.fast(input_of(value)?, vars)
+}
+
+/// The expression's single output on the record's value.
+fn one(e: &Expr, value: &Option<Data>, vars: &[Val]) -> Result<Val, ProcessError> {
+    if let Some(v) = fast(e, value, vars) {
+        return Ok(v);
+    }
+    e.one(val_of(value)?, vars).map_err(ProcessError::bad)
+}
+
 pub struct Filter(pub Expr);
 
 impl Processor for Filter {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        let out = self
-            .0
-            .run(val_of(&r.value)?, &vars(&r)?)
-            .map_err(ProcessError::bad)?;
-        if out.first().is_some_and(truthy) {
+        let vars = vars(&r)?;
+        let keep = match fast(&self.0, &r.value, &vars) {
+            Some(v) => truthy(&v),
+            None => self
+                .0
+                .run(val_of(&r.value)?, &vars)
+                .map_err(ProcessError::bad)?
+                .first()
+                .is_some_and(truthy),
+        };
+        if keep {
             ctx.forward(r);
         }
         Ok(())
@@ -63,10 +100,7 @@ pub struct GroupBy {
 
 impl Processor for GroupBy {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        let key = self
-            .expr
-            .one(val_of(&r.value)?, &vars(&r)?)
-            .map_err(ProcessError::bad)?;
+        let key = one(&self.expr, &r.value, &vars(&r)?)?;
         let key = format::encode(self.key_format, &key).map_err(ProcessError::bad)?;
         let value = match &r.value {
             Some(v) => Some(v.to_bytes(self.value_format).map_err(ProcessError::bad)?),
@@ -128,22 +162,15 @@ impl Processor for Aggregate {
         let Some(key) = key_bytes(&r, self.key_format)? else {
             return Ok(());
         };
-        let value = val_of(&r.value)?;
         let [k, ts] = vars(&r)?;
         let old = ctx.store(&self.store)?.get(&key)?;
         let agg = match old {
             Some(b) => format::decode(Format::Json, &b).map_err(|e| {
                 ProcessError::Fatal(format!("store {:?} holds bad JSON: {e}", self.store))
             })?,
-            None => self
-                .initial
-                .one(value.clone(), &[k.clone(), ts.clone()])
-                .map_err(ProcessError::bad)?,
+            None => one(&self.initial, &r.value, &[k.clone(), ts.clone()])?,
         };
-        let new = self
-            .add
-            .one(value, &[k, ts, agg])
-            .map_err(ProcessError::bad)?;
+        let new = one(&self.add, &r.value, &[k, ts, agg])?;
         let bytes = format::encode(Format::Json, &new).map_err(ProcessError::bad)?;
         ctx.store(&self.store)?.put(&key, &bytes, r.timestamp);
         Ok(())

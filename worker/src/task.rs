@@ -12,6 +12,7 @@ use crate::record::{Data, Origin, Record};
 use crate::store::{Change, MemoryStore, StateResources, StoreError, TaskDb};
 use crate::topology::SubTopology;
 use eddy_crds::{OnError, TaskId, topics};
+use prometheus_client::metrics::counter::Counter;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +92,8 @@ pub struct Task {
     dead_letter_topic: String,
     metrics: Arc<Metrics>,
     labels: TaskLabels,
+    /// This task's `records_processed` counter, looked up once instead of per record.
+    processed: Counter,
 }
 
 impl Task {
@@ -139,6 +142,12 @@ impl Task {
             })
             .collect::<Vec<_>>();
         let slots = stores.iter().map(|_| collector.track()).collect();
+        let processed = metrics
+            .records_processed
+            .get_or_create(&TaskLabels {
+                task: id.to_string(),
+            })
+            .clone();
         let task = Task {
             id,
             input_topic: sub.source.topic.clone(),
@@ -154,6 +163,7 @@ impl Task {
             cache_share,
             on_error: cfg.on_error,
             dead_letter_topic: topics::dead_letter(&cfg.application_id),
+            processed,
             labels: TaskLabels {
                 task: id.to_string(),
             },
@@ -184,11 +194,14 @@ impl Task {
         let result = self.run(0, record);
         self.handle(result, origin)?;
         self.next_offset = Some(origin.offset + 1);
-        self.metrics
-            .records_processed
-            .get_or_create(&self.labels)
-            .inc();
-        if self.cache_bytes() > self.cache_share && self.stores.iter().any(StoreState::has_dirty) {
+        self.processed.inc();
+        if self
+            .stores
+            .iter()
+            .map(StoreState::dirty_bytes)
+            .sum::<usize>()
+            > self.cache_share
+        {
             self.flush()?;
         }
         Ok(())
@@ -348,8 +361,9 @@ impl Task {
     /// state and knows exactly where its changelog tail starts.
     pub fn write_committed(&mut self) -> Result<(), TaskError> {
         let mut batch: Vec<(String, Changes, Option<i64>)> = Vec::new();
+        let keep = self.cache_share / self.stores.len().max(1);
         for (s, slot) in self.stores.iter_mut().zip(&self.slots) {
-            let changes = s.take_committed();
+            let changes = s.take_committed(keep);
             let checkpoint = Some(slot.delivered()).filter(|o| *o >= 0);
             if s.is_in_memory() {
                 s.apply_in_memory(&changes, checkpoint);

@@ -7,6 +7,7 @@
 //! ```text
 //! eddy-vs-kstreams [--records N (2000000)] [--keys K (100000)] [--partitions P (12)]
 //!                  [--out DIR (bench/results)] [--check-only] [--publish] [--jar PATH]
+//!                  [--cases count:at_least_once,sum:exactly_once,... (all four)]
 //! ```
 
 use anyhow::{Context, Result, bail};
@@ -46,13 +47,14 @@ fn real_main() -> Result<()> {
         "--jar",
         "--check-only",
         "--publish",
+        "--cases",
     ];
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
         if !known.contains(&args[i].as_str()) {
             bail!(
-                "unknown argument '{}' (usage: eddy-vs-kstreams [--records N] [--keys K] [--partitions P] [--out DIR] [--check-only] [--publish] [--jar PATH])",
+                "unknown argument '{}' (usage: eddy-vs-kstreams [--records N] [--keys K] [--partitions P] [--out DIR] [--check-only] [--publish] [--jar PATH] [--cases CASE:GUARANTEE,...])",
                 args[i]
             );
         }
@@ -74,7 +76,10 @@ fn real_main() -> Result<()> {
         keys: num("--keys", 100_000)?,
         partitions: num("--partitions", 12)? as i32,
         check_only,
-        runs: ALL.to_vec(),
+        runs: match value("--cases") {
+            Some(v) => parse_runs(&v)?,
+            None => ALL.to_vec(),
+        },
         input_prefix: "cmp-input".into(),
         delete_input: false,
         jar,
