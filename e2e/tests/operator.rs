@@ -181,7 +181,16 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
     produce(&input, &records)?;
 
     let ns = "default";
-    let yaml = app_yaml(&app, 2, &bs, &input, &output, "  cleanupPolicy: Delete\n");
+    // Exactly-once: the scale-out below moves tasks between workers, which under
+    // exactly-once goes through the hand-off (the new owner waits for the old one to let go).
+    let yaml = app_yaml(
+        &app,
+        2,
+        &bs,
+        &input,
+        &output,
+        "  cleanupPolicy: Delete\n  processingGuarantee: exactly_once\n",
+    );
     cp.kubectl(&["-n", ns, "apply", "-f", "-"], Some(&yaml))?;
 
     // The objects appear, owned by the app.
@@ -264,6 +273,21 @@ fn operator_runs_an_app_on_a_real_control_plane() -> Result<()> {
     wait_until(WAIT, || {
         Ok(read_all(&format!("{app}-counts-changelog"))?.len() >= 200_040)
     })?;
+    // Across the move to three workers every new record is counted exactly once, in the
+    // committed output.
+    wait_until(WAIT, || {
+        let mut last = std::collections::HashMap::new();
+        for r in read_all(&output)? {
+            if let (Some(k), Some(v)) = (r.key, r.value) {
+                last.insert(k, v);
+            }
+        }
+        Ok((0..200_000).all(|i| {
+            last.get(format!("big-{i}").as_bytes())
+                .is_some_and(|v| v.as_slice() == 1i64.to_be_bytes())
+        }))
+    })
+    .with_context(|| logs(dir.path()))?;
     let pvc_dir = dir
         .path()
         .join("node/pvcs")
