@@ -110,6 +110,7 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
             Ok(_) => {
                 last = Some(sent);
                 last_sent = tokio::time::Instant::now();
+                status.reported();
             }
             Err(e) => tracing::warn!("reporting status of {}: {e}", link.pod),
         }

@@ -202,6 +202,9 @@ pub fn restore(
         if targets.is_empty() {
             continue;
         }
+        // Under the operator, let the app's status show the backlog before restoring: a
+        // restore can be over before the next periodic report.
+        status.await_report(Duration::from_secs(2));
         // Leaders known before assigning: the first fetch goes out at once (see runtime).
         consumer
             .fetch_metadata(Some(&changelog), Duration::from_secs(30))

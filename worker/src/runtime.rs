@@ -72,6 +72,34 @@ pub struct Status {
     pub peers: Mutex<HashMap<String, Peer>>,
     /// What this worker runs, for its entry in the app's `status.workers`.
     pub report: Mutex<WorkerStatus>,
+    /// Reports sent to the app's status so far (under the operator), and a signal for each.
+    pub reports_sent: Mutex<u64>,
+    pub report_sent: std::sync::Condvar,
+}
+
+impl Status {
+    /// Under the operator, wait (at most `timeout`) until the status reporter has sent the
+    /// current report; standalone, return at once.
+    pub fn await_report(&self, timeout: Duration) {
+        if !self.follow_assignment {
+            return;
+        }
+        let Ok(sent) = self.reports_sent.lock() else {
+            return;
+        };
+        let seen = *sent;
+        let _ = self
+            .report_sent
+            .wait_timeout_while(sent, timeout, |n| *n == seen);
+    }
+
+    /// Called by the reporter after each report it sent.
+    pub fn reported(&self) {
+        if let Ok(mut n) = self.reports_sent.lock() {
+            *n += 1;
+        }
+        self.report_sent.notify_all();
+    }
 }
 
 /// Another worker of the same app, as its `status.workers` entry describes it.
