@@ -201,7 +201,6 @@ pub fn dead_letter_headers(reason: &str, topic: &str, partition: i32, offset: i6
         })
 }
 
-/// A producer for a task (`transactional_id` under exactly-once) or for the whole process.
 /// Wait until every record sent so far is delivered or failed.
 ///
 /// rdkafka's `Producer::flush` (also called by `commit_transaction`) waits in 100 ms slices
@@ -227,6 +226,7 @@ pub fn transactional_id(application_id: &str, instance: &str) -> String {
     format!("{application_id}-{instance}")
 }
 
+/// The worker's producer, shared by all its tasks; transactional under exactly-once.
 pub fn producer(
     cfg: &crate::config::WorkerConfig,
     transactional_id: Option<&str>,

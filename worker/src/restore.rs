@@ -132,6 +132,7 @@ pub fn restore(
         v.dedup();
         v
     };
+    let mut shown = false;
     for changelog in changelogs {
         let kafka = |source| RestoreError::Kafka {
             topic: changelog.clone(),
@@ -202,9 +203,13 @@ pub fn restore(
         if targets.is_empty() {
             continue;
         }
-        // Under the operator, let the app's status show the backlog before restoring: a
-        // restore can be over before the next periodic report.
-        status.await_report(Duration::from_secs(2));
+        // Under the operator, let the app's status show a backlog before restoring: a
+        // restore can be over before the next periodic report. Once: later changelogs'
+        // backlogs go out with the reports sent while restoring.
+        if !shown {
+            status.await_report(Duration::from_secs(2));
+            shown = true;
+        }
         // Leaders known before assigning: the first fetch goes out at once (see runtime).
         consumer
             .fetch_metadata(Some(&changelog), Duration::from_secs(30))

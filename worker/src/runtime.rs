@@ -161,13 +161,10 @@ pub fn run(
     // incarnation and aborts its open transaction, so restore sees the changelogs' committed
     // ends (Kafka Streams' exactly_once_v2: one transaction per thread, not per task).
     let producer = if cfg.exactly_once() {
-        let id = collector::transactional_id(&cfg.application_id, &cfg.instance_id);
-        let p = collector::producer(cfg, Some(&id)).map_err(kafka(format!("producer {id}")))?;
-        retry(Duration::from_secs(60), || {
-            p.init_transactions(Duration::from_secs(60))
-        })
-        .map_err(kafka(format!("initializing transactions of {id}")))?;
-        p
+        init_transactions(
+            cfg,
+            &collector::transactional_id(&cfg.application_id, &cfg.instance_id),
+        )?
     } else {
         collector::producer(cfg, None).map_err(kafka("creating the producer"))?
     };
@@ -304,9 +301,19 @@ impl Manager<'_> {
         // Reported as applied once the released tasks are let go (below), before any
         // restore: a worker waiting for them must not wait for this worker's restores.
         self.applied = Some(generation);
-        if self.tasks.iter().any(|t| !ids.contains(&t.id)) {
-            // Released tasks hand over committed state: commit everything first.
-            self.commit()?;
+        let new: Vec<TaskId> = ids
+            .iter()
+            .filter(|id| !self.tasks.iter().any(|t| t.id == **id))
+            .copied()
+            .collect();
+        let releasing = self.tasks.iter().any(|t| !ids.contains(&t.id));
+        if !releasing && new.is_empty() {
+            return Ok(());
+        }
+        // Released tasks hand over committed state, and an open transaction must not outlive
+        // `transaction.timeout.ms` during a long restore: commit everything first.
+        self.commit()?;
+        if releasing {
             let (keep, release): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
                 .into_iter()
                 .partition(|t| ids.contains(&t.id));
@@ -323,18 +330,10 @@ impl Manager<'_> {
             // Tell the other workers at once: one may be waiting to take these tasks over.
             self.report();
         }
-        let new: Vec<TaskId> = ids
-            .iter()
-            .filter(|id| !self.tasks.iter().any(|t| t.id == **id))
-            .copied()
-            .collect();
         if new.is_empty() {
             return Ok(());
         }
         self.status.ready.store(false, Ordering::Relaxed);
-        // Commit the running tasks before a restore that may take long: an open transaction
-        // must not outlive `transaction.timeout.ms`.
-        self.commit()?;
         if self.cfg.exactly_once() && self.status.follow_assignment {
             self.await_release(generation, &new)?;
         }
@@ -526,12 +525,7 @@ impl Manager<'_> {
                     let id = collector::transactional_id(&self.cfg.application_id, &pod);
                     tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
                         "the previous owner still holds tasks assigned here: fencing it");
-                    let p = collector::producer(self.cfg, Some(&id))
-                        .map_err(kafka(format!("producer {id}")))?;
-                    retry(Duration::from_secs(60), || {
-                        p.init_transactions(Duration::from_secs(60))
-                    })
-                    .map_err(kafka(format!("fencing {id}")))?;
+                    init_transactions(self.cfg, &id)?;
                 }
                 return Ok(());
             }
@@ -564,6 +558,20 @@ impl Manager<'_> {
     fn report(&self) {
         self.report_tasks(&[]);
     }
+}
+
+/// A producer with transactional id `id`, initialized: this fences every earlier producer
+/// with that id and aborts its open transaction.
+fn init_transactions(
+    cfg: &WorkerConfig,
+    id: &str,
+) -> Result<Arc<collector::Producer>, RuntimeError> {
+    let p = collector::producer(cfg, Some(id)).map_err(kafka(format!("producer {id}")))?;
+    retry(Duration::from_secs(60), || {
+        p.init_transactions(Duration::from_secs(60))
+    })
+    .map_err(kafka(format!("initializing transactions of {id}")))?;
+    Ok(p)
 }
 
 /// Retry a Kafka call while it fails with an error that goes away by itself (a coordinator

@@ -266,8 +266,8 @@ fn leaf(b: &[u8]) -> Option<Val> {
             if digits.len() > 1 && digits.starts_with('0') {
                 return None;
             }
-            plain_int(digits)?;
-            Some(Val::Num(Num::Int(s.parse().ok()?)))
+            let n = plain_int(digits)?;
+            Some(Val::Num(Num::Int(if s.starts_with('-') { -n } else { n })))
         }
         _ => None,
     }
