@@ -119,6 +119,7 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
             format!("must be between 0 and replicas-1 ({}), got {s}", r - 1),
         ));
     }
+    check_transactions(spec, prefix)?;
     if spec.topology.is_empty() {
         return Err(invalid(
             f("topology".into()),
@@ -164,6 +165,40 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Under exactly-once a transaction stays open for a commit interval (and the commit itself):
+/// a transaction timeout that is not comfortably longer makes the brokers abort transactions.
+fn check_transactions(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
+    use crate::spec::{MAX_TRANSACTION_TIMEOUT_MS, ProcessingGuarantee};
+    if spec.kafka.properties.contains_key("transaction.timeout.ms") {
+        return Err(invalid(
+            format!("{prefix}kafka.properties.transaction.timeout.ms"),
+            "set spec.transactionTimeoutMs instead: eddy checks it against commitIntervalMs",
+        ));
+    }
+    let timeout = spec.transaction_timeout_ms();
+    if !(1000..=MAX_TRANSACTION_TIMEOUT_MS).contains(&timeout) {
+        return Err(invalid(
+            format!("{prefix}transactionTimeoutMs"),
+            format!(
+                "{timeout} is out of range: give 1000 to {MAX_TRANSACTION_TIMEOUT_MS} (the brokers' default transaction.max.timeout.ms)"
+            ),
+        ));
+    }
+    let interval = spec.commit_interval_ms();
+    if spec.processing_guarantee == ProcessingGuarantee::ExactlyOnce
+        && interval.saturating_mul(2) > timeout
+    {
+        return Err(invalid(
+            format!("{prefix}commitIntervalMs"),
+            format!(
+                "{interval} ms is more than half of transactionTimeoutMs ({timeout} ms): under exactly_once the brokers would abort transactions; lower commitIntervalMs or raise transactionTimeoutMs to at least {}",
+                interval.saturating_mul(2)
+            ),
+        ));
     }
     Ok(())
 }
@@ -265,6 +300,31 @@ spec:
             "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nspec:\n  replicas: 2\n  numStandbyReplicas: 2\n  topology: [{from: {topic: a}}]\n",
         );
         assert!(e.contains("spec.numStandbyReplicas"), "{e}");
+        let e = err(
+            "processingGuarantee: exactly_once\ncommitIntervalMs: 30000\ntopology: [{from: {topic: a}}]\n",
+        );
+        assert!(
+            e.contains("commitIntervalMs") && e.contains("transactionTimeoutMs (30000 ms)"),
+            "{e}"
+        );
+        parse_app(
+            "processingGuarantee: exactly_once\ncommitIntervalMs: 30000\ntransactionTimeoutMs: 60000\ntopology: [{from: {topic: a}}]\n",
+        )
+        .expect("a longer transaction timeout allows the interval");
+        parse_app("commitIntervalMs: 60000\ntopology: [{from: {topic: a}}]\n")
+            .expect("at-least-once has no transactions");
+        let e = err("transactionTimeoutMs: 3600000\ntopology: [{from: {topic: a}}]\n");
+        assert!(
+            e.contains("transactionTimeoutMs") && e.contains("900000"),
+            "{e}"
+        );
+        let e = err(
+            "kafka: {properties: {transaction.timeout.ms: '5000'}}\ntopology: [{from: {topic: a}}]\n",
+        );
+        assert!(
+            e.contains("spec.transactionTimeoutMs") || e.contains("transactionTimeoutMs instead"),
+            "{e}"
+        );
         let e = err("topology: []\nprocessingGuarantee: exactly-once\n");
         assert!(
             e.contains("processingGuarantee") && e.contains("exactly_once"),

@@ -99,6 +99,32 @@ pub struct WorkerStatus {
     /// RFC 3339 time of the report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated: Option<String>,
+    /// Why the worker is not processing right now, while it waits for something to come
+    /// back (Kafka, disk space) and retries from its last commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<WorkerProblem>,
+}
+
+/// A worker waiting for something outside it to recover.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerProblem {
+    pub reason: WorkerProblemReason,
+    /// The last error, as the worker logged it.
+    pub message: String,
+    /// RFC 3339 time the problem was first seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum WorkerProblemReason {
+    /// Brokers unreachable or not answering, a transaction aborted or fenced, records not
+    /// delivered: the worker retries from its last commit.
+    KafkaUnavailable,
+    /// The state directory cannot be written (disk full, I/O error, locked by another
+    /// process): the worker retries until it can.
+    StateStoreUnavailable,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -119,6 +145,18 @@ const SPEC_RULES: &[(&str, &str)] = &[
     (
         "!has(self.numStandbyReplicas) || !has(self.replicas) || self.replicas == 0 || self.numStandbyReplicas < self.replicas",
         "numStandbyReplicas must be less than replicas: a standby never shares a pod with its active task",
+    ),
+    (
+        "!has(self.processingGuarantee) || self.processingGuarantee != 'exactly_once' || (has(self.commitIntervalMs) ? self.commitIntervalMs : 100) * 2 <= (has(self.transactionTimeoutMs) ? self.transactionTimeoutMs : 30000)",
+        "under exactly_once, commitIntervalMs must be at most half of transactionTimeoutMs (default 30000): lower commitIntervalMs or raise transactionTimeoutMs",
+    ),
+    (
+        "!has(self.transactionTimeoutMs) || (self.transactionTimeoutMs >= 1000 && self.transactionTimeoutMs <= 900000)",
+        "transactionTimeoutMs must be between 1000 and 900000 (the brokers' default transaction.max.timeout.ms)",
+    ),
+    (
+        "!has(self.kafka) || !has(self.kafka.properties) || !('transaction.timeout.ms' in self.kafka.properties)",
+        "set spec.transactionTimeoutMs instead of kafka.properties transaction.timeout.ms: eddy checks it against commitIntervalMs",
     ),
     (
         "has(self.topology[0].from)",

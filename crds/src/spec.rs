@@ -61,6 +61,12 @@ pub struct AppSpec {
     /// Milliseconds between commits; default 30000 at-least-once, 100 exactly-once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_interval_ms: Option<u64>,
+    /// Exactly-once: how long a transaction may stay open before the brokers abort it
+    /// (the producer's `transaction.timeout.ms`); default 30000. Must be at least twice
+    /// `commitIntervalMs`, and at most the brokers' `transaction.max.timeout.ms` (900000 by
+    /// default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction_timeout_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_standby_replicas: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -149,6 +155,28 @@ pub struct KafkaSpec {
     /// SASL credentials from Secrets (operator: passed to the pods as environment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sasl: Option<SaslSpec>,
+}
+
+/// Default `transactionTimeoutMs`.
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 30_000;
+/// The brokers' default `transaction.max.timeout.ms`: a larger transaction timeout is refused.
+pub const MAX_TRANSACTION_TIMEOUT_MS: u64 = 900_000;
+
+impl AppSpec {
+    /// `commitIntervalMs` with its default for the processing guarantee.
+    pub fn commit_interval_ms(&self) -> u64 {
+        self.commit_interval_ms
+            .unwrap_or(match self.processing_guarantee {
+                ProcessingGuarantee::AtLeastOnce => 30_000,
+                ProcessingGuarantee::ExactlyOnce => 100,
+            })
+    }
+
+    /// `transactionTimeoutMs` with its default.
+    pub fn transaction_timeout_ms(&self) -> u64 {
+        self.transaction_timeout_ms
+            .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS)
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

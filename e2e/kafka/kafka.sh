@@ -4,6 +4,8 @@
 #   kafka.sh start [--brokers N] [--name NAME]   start (or reuse) a cluster; prints its bootstrap address last
 #   kafka.sh stop [--name NAME]                  stop it and remove its run dir (idempotent)
 #   kafka.sh bootstrap [--name NAME]             print the bootstrap address, exit 1 if not running
+#   kafka.sh node stop|start|pause|resume --name NAME --node I
+#                                                fault injection on one node (data and ports kept)
 #   kafka.sh tool <alias|MainClass> [args...]    run a Kafka CLI tool on the same classpath
 #   kafka.sh fetch                               only resolve the jars (prints the libs dir)
 #
@@ -39,6 +41,7 @@ usage() {
 usage: kafka.sh start [--brokers N] [--name NAME]
        kafka.sh stop [--name NAME]
        kafka.sh bootstrap [--name NAME]
+       kafka.sh node stop|start|pause|resume [--name NAME] --node I
        kafka.sh tool <alias|MainClass> [args...]
        kafka.sh fetch
 
@@ -442,6 +445,21 @@ bootstrap_of() { # bootstrap_of BROKER_PORT...
   echo "$list"
 }
 
+# Launch node I of RUN_DIR in the background and record its pid. setsid (where present)
+# detaches it from the caller's session and signals.
+launch_node() {
+  local i="$1" d="$RUN_DIR/node-$1" detach=()
+  command -v setsid >/dev/null 2>&1 && detach=(setsid)
+  # shellcheck disable=SC2086 # HEAP_OPTS is a list of JVM flags
+  (cd "$d" && exec ${detach[@]+"${detach[@]}"} java -Deddy.kafka.node="$d" \
+    $HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
+    -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15 -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$RUN_DIR/log4j2.properties" -Dkafka.logs.dir="$d/logs" \
+    -cp "$LIBS/*" kafka.Kafka "$d/server.properties") \
+    </dev/null >>"$d/stdout.log" 2>&1 7>&- 8>&- 9>&- &
+  echo "$!" >"$d/pid"
+}
+
 # One attempt: ports, configs, format, launch, wait. Returns 2 if a port was taken meanwhile.
 start_attempt() {
   local deadline="$1" i port_list ports=() bports=() cports=() voters='' cluster_id pid d fails
@@ -482,21 +500,9 @@ start_attempt() {
     fi
   done
 
-  # Launch. setsid (where present) detaches the nodes from the caller's session and signals.
-  local detach=()
-  command -v setsid >/dev/null 2>&1 && detach=(setsid)
   echo "$BROKERS" >"$RUN_DIR/nodes"
   for ((i = 1; i <= BROKERS; i++)); do
-    d="$RUN_DIR/node-$i"
-    # shellcheck disable=SC2086 # HEAP_OPTS is a list of JVM flags
-    (cd "$d" && exec ${detach[@]+"${detach[@]}"} java -Deddy.kafka.node="$d" \
-      $HEAP_OPTS -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 \
-      -XX:+ExplicitGCInvokesConcurrent -XX:MaxInlineLevel=15 -Djava.awt.headless=true \
-      -Dlog4j2.configurationFile="$RUN_DIR/log4j2.properties" -Dkafka.logs.dir="$d/logs" \
-      -cp "$LIBS/*" kafka.Kafka "$d/server.properties") \
-      </dev/null >"$d/stdout.log" 2>&1 7>&- 8>&- 9>&- &
-    pid=$!
-    echo "$pid" >"$d/pid"
+    launch_node "$i"
   done
 
   # Wait until every node logged "Kafka Server started" (in KRaft that is after the broker
@@ -602,6 +608,59 @@ cmd_stop() {
   log "cluster '$NAME' stopped"
 }
 
+# kafka.sh node stop|start|pause|resume --name NAME --node I: fault injection on one node of
+# a running cluster, keeping its data and ports (a broker restart, or a frozen broker).
+cmd_node() {
+  local action="${1:-}" node= args=()
+  [[ $# -ge 1 ]] && shift
+  while (($#)); do
+    case "$1" in
+    --node) [[ $# -ge 2 ]] || die "--node needs a value"; node="$2"; shift 2 ;;
+    --node=*) node="${1#--node=}"; shift ;;
+    *) args+=("$1"); shift ;;
+    esac
+  done
+  parse_opts 0 ${args[@]+"${args[@]}"}
+  [[ -f $RUN_DIR/nodes ]] || die "no cluster named '$NAME' (start it first)"
+  [[ $node =~ ^[0-9]+$ ]] && ((node >= 1 && node <= $(cat "$RUN_DIR/nodes"))) ||
+    die "--node must be 1..$(cat "$RUN_DIR/nodes"), got '$node'"
+  local d="$RUN_DIR/node-$node" pid
+  pid="$(cat "$d/pid" 2>/dev/null || true)"
+  case "$action" in
+  stop)
+    node_alive "$pid" "$d" || { log "node $node of '$NAME' is not running"; return 0; }
+    kill -TERM "$pid"
+    local waited
+    for ((waited = 0; waited < STOP_TIMEOUT * 5; waited++)); do
+      node_alive "$pid" "$d" || { log "node $node of '$NAME' stopped"; return 0; }
+      sleep 0.2
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    log "node $node of '$NAME' killed after ${STOP_TIMEOUT}s"
+    ;;
+  start)
+    require_java
+    node_alive "$pid" "$d" && { log "node $node of '$NAME' is already running"; return 0; }
+    local before
+    before="$(grep -c 'Kafka Server started' "$d/logs/server.log" 2>/dev/null || true)"
+    launch_node "$node"
+    local deadline=$((SECONDS + START_TIMEOUT))
+    until (($(grep -c 'Kafka Server started' "$d/logs/server.log" 2>/dev/null || true) > ${before:-0})); do
+      kill -0 "$(cat "$d/pid")" 2>/dev/null || { print_node_logs; die "node $node of '$NAME' exited while starting"; }
+      ((SECONDS < deadline)) || die "node $node of '$NAME' not started after ${START_TIMEOUT}s"
+      sleep 0.25
+    done
+    log "node $node of '$NAME' started again"
+    ;;
+  pause | resume)
+    node_alive "$pid" "$d" || die "node $node of '$NAME' is not running"
+    if [[ $action == pause ]]; then kill -STOP "$pid"; else kill -CONT "$pid"; fi
+    log "node $node of '$NAME': $action"
+    ;;
+  *) die "usage: kafka.sh node stop|start|pause|resume --name NAME --node I" ;;
+  esac
+}
+
 cmd_bootstrap() {
   parse_opts 0 "$@"
   if cluster_running; then
@@ -632,6 +691,7 @@ main() {
   start) cmd_start "$@" ;;
   stop) cmd_stop "$@" ;;
   bootstrap) cmd_bootstrap "$@" ;;
+  node) cmd_node "$@" ;;
   tool) cmd_tool "$@" ;;
   fetch)
     require_java

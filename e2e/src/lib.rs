@@ -132,9 +132,14 @@ fn block_on<F: std::future::Future>(f: F) -> Result<F::Output> {
 }
 
 pub fn create_topic(name: &str, partitions: i32) -> Result<()> {
+    create_topic_rf(name, partitions, 1)
+}
+
+/// Create a topic with `rf` replicas per partition (where a broker may go away).
+pub fn create_topic_rf(name: &str, partitions: i32, rf: i32) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = client(&[])?.create()?;
     let res = block_on(admin.create_topics(
-        &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+        &[NewTopic::new(name, partitions, TopicReplication::Fixed(rf))],
         &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
     ))??;
     for r in res {
@@ -367,6 +372,13 @@ pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// How to start a worker other than the defaults (the test broker, state under its dir).
+#[derive(Clone, Debug, Default)]
+pub struct WorkerOptions {
+    pub bootstrap: Option<String>,
+    pub state_dir: Option<PathBuf>,
+}
+
 /// A running `eddy-worker run` process.
 pub struct Worker {
     child: Option<Child>,
@@ -377,19 +389,28 @@ pub struct Worker {
 impl Worker {
     /// Start a worker on `app` (file contents) with its state in `state_dir`.
     pub fn start(app: &str, state_dir: &Path) -> Result<Worker> {
-        std::fs::create_dir_all(state_dir)?;
-        let file = state_dir.join("app.yaml");
+        Self::start_with(app, state_dir, &WorkerOptions::default())
+    }
+
+    /// Start a worker with its files (app, log) in `dir` and the options given.
+    pub fn start_with(app: &str, dir: &Path, o: &WorkerOptions) -> Result<Worker> {
+        std::fs::create_dir_all(dir)?;
+        let file = dir.join("app.yaml");
         std::fs::write(&file, app)?;
         let http = format!("127.0.0.1:{}", free_port()?);
-        let log = state_dir.join(format!("worker-{}.log", unique("w")));
+        let log = dir.join(format!("worker-{}.log", unique("w")));
         let out = std::fs::File::create(&log)?;
+        let bootstrap = match &o.bootstrap {
+            Some(b) => b.clone(),
+            None => bootstrap()?,
+        };
         let child = Command::new(binary("eddy-worker")?)
             .args(["run", "-f"])
             .arg(&file)
             .arg("--bootstrap-servers")
-            .arg(bootstrap()?)
+            .arg(bootstrap)
             .arg("--state-dir")
-            .arg(state_dir.join("state"))
+            .arg(o.state_dir.clone().unwrap_or_else(|| dir.join("state")))
             .args(["--http-addr", &http])
             .env("EDDY_LOG", "info,librdkafka=warn")
             .stdout(Stdio::null())
@@ -400,6 +421,18 @@ impl Worker {
             http,
             log,
         })
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// `/healthz` and `/readyz` as (status code, body).
+    pub fn health(&self) -> Result<((u16, String), (u16, String))> {
+        Ok((self.get("/healthz")?, self.get("/readyz")?))
     }
 
     /// Process id, while it runs.
@@ -599,4 +632,167 @@ pub fn read_count_fast(topic: &str) -> Result<i64> {
         total += hi - lo;
     }
     Ok(total)
+}
+
+/// A TCP forwarder from a local port to `target`: lets a test make an address unreachable
+/// and then reachable (Kafka clients bootstrap through it, then use the brokers' advertised
+/// addresses). Stops accepting when dropped.
+pub struct Forwarder {
+    pub addr: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Forwarder {
+    /// Listen on `addr` (e.g. a port that was free, so clients failed to connect so far).
+    pub fn start(addr: &str, target: &str) -> Result<Forwarder> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (flag, target) = (stop.clone(), target.to_string());
+        std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let Ok(server) = TcpStream::connect(&target) else {
+                            continue;
+                        };
+                        let _ = client.set_nonblocking(false);
+                        for (mut from, mut to) in [
+                            (client.try_clone(), server.try_clone()),
+                            (server.try_clone(), client.try_clone()),
+                        ]
+                        .into_iter()
+                        .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
+                        {
+                            std::thread::spawn(move || {
+                                let _ = std::io::copy(&mut from, &mut to);
+                                let _ = to.shutdown(std::net::Shutdown::Both);
+                            });
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        Ok(Forwarder {
+            addr: addr.to_string(),
+            stop,
+        })
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `e2e/kafka/kafka.sh node <action> --name <cluster> --node <n>`: stop, start, pause or
+/// resume one broker of a cluster started by the harness, keeping its data and ports.
+pub fn kafka_node(cluster: &str, node: usize, action: &str) -> Result<()> {
+    let st = Command::new("bash")
+        .arg(repo_root().join("e2e/kafka/kafka.sh"))
+        .args([
+            "node",
+            action,
+            "--name",
+            cluster,
+            "--node",
+            &node.to_string(),
+        ])
+        .stderr(Stdio::inherit())
+        .status()?;
+    if !st.success() {
+        bail!("kafka.sh node {action} --name {cluster} --node {node} failed");
+    }
+    Ok(())
+}
+
+/// Records produced in the background at a steady rate until [`Load::stop`]: keys `k0..kN`
+/// (partitioned like Kafka's Java client), JSON values. It keeps producing through broker
+/// outages (librdkafka buffers and retries for 10 minutes), so a test can break things under
+/// load and then check every record's effect.
+pub struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<HashMap<String, i64>>>>,
+}
+
+impl Load {
+    /// About `per_second` records a second to `topic` over `keys` keys.
+    pub fn start(topic: &str, keys: usize, per_second: u64) -> Result<Load> {
+        let n = partition_count(topic)?;
+        let p: ThreadedProducer<DefaultProducerContext> = client(&[
+            ("linger.ms", "5"),
+            ("enable.idempotence", "true"),
+            ("message.timeout.ms", "600000"),
+        ])?
+        .create()?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, topic) = (stop.clone(), topic.to_string());
+        let thread = std::thread::spawn(move || -> Result<HashMap<String, i64>> {
+            let mut sent: HashMap<String, i64> = HashMap::new();
+            let started = Instant::now();
+            let mut i: u64 = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                // Steady: never ahead of the rate, so an outage does not pile up a burst.
+                let due = started.elapsed().as_millis() as u64 * per_second / 1000;
+                if i >= due {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                let key = format!("k{}", i % keys as u64);
+                let value = format!("{{\"i\":{i}}}");
+                let part = eddy_worker::partitioner::partition_for(key.as_bytes(), n);
+                send(
+                    &p,
+                    BaseRecord::to(&topic)
+                        .key(key.as_bytes())
+                        .payload(value.as_bytes())
+                        .partition(part),
+                )?;
+                *sent.entry(key).or_default() += 1;
+                i += 1;
+            }
+            p.flush(Duration::from_secs(600))?;
+            Ok(sent)
+        });
+        Ok(Load {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stop, wait until every record is acknowledged, and return how many each key got.
+    pub fn stop(mut self) -> Result<HashMap<String, i64>> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => bail!("the load thread panicked"),
+            None => bail!("load already stopped"),
+        }
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Every committed i64 output value per key of `topic`, in offset order.
+pub fn i64_values_by_key(topic: &str) -> Result<HashMap<String, Vec<i64>>> {
+    let mut seen: HashMap<String, Vec<i64>> = HashMap::new();
+    for r in read_all(topic)? {
+        if let (Some(k), Some(v)) = (r.key, r.value) {
+            let v: [u8; 8] = v
+                .as_slice()
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("an i64 output must be 8 bytes"))?;
+            seen.entry(String::from_utf8_lossy(&k).to_string())
+                .or_default()
+                .push(i64::from_be_bytes(v));
+        }
+    }
+    Ok(seen)
 }

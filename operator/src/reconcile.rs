@@ -453,6 +453,7 @@ mod tests {
                         })
                         .collect(),
                     updated: None,
+                    problem: None,
                 },
             );
         }

@@ -1,21 +1,26 @@
 //! Changelog and other internal topics: which ones an app needs, with what partition counts
 //! and configs, and creating those that are missing. A changelog has one partition per task
 //! of its sub-topology and is compacted, so it holds the latest value of every key: restore
-//! is a plain copy of it.
+//! is a plain copy of it. Also what the worker must know of every topic it writes: partition
+//! counts, and the limits the broker enforces on records (see [`TopicLimits`]).
 
 use crate::config::WorkerConfig;
 use eddy_crds::topics;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopicError {
-    #[error("cannot reach Kafka at {servers}: {message}")]
-    Unreachable { servers: String, message: String },
+    #[error("cannot reach Kafka at {servers}: {source}")]
+    Unreachable {
+        servers: String,
+        #[source]
+        source: KafkaError,
+    },
     #[error("topic {topic:?} does not exist: create it first (it is {role})")]
     Missing { topic: String, role: &'static str },
     #[error(
@@ -26,8 +31,105 @@ pub enum TopicError {
         actual: i32,
         expected: i32,
     },
-    #[error("cannot create topic {topic:?}: {message}")]
-    Create { topic: String, message: String },
+    #[error("cannot create topic {topic:?}: {code}")]
+    Create {
+        topic: String,
+        code: RDKafkaErrorCode,
+    },
+    #[error("starting an async runtime for the Kafka admin client: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("reading the configs of topic {topic:?}: {code}")]
+    Configs {
+        topic: String,
+        code: RDKafkaErrorCode,
+    },
+}
+
+impl TopicError {
+    /// True when the error can go away by itself (Kafka unreachable or slow to answer).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            TopicError::Unreachable { source, .. } => !crate::fault::is_fatal(source),
+            TopicError::Create { code, .. } | TopicError::Configs { code, .. } => {
+                !crate::fault::is_fatal_code(*code)
+                    && !matches!(
+                        code,
+                        RDKafkaErrorCode::PolicyViolation
+                            | RDKafkaErrorCode::InvalidReplicationFactor
+                            | RDKafkaErrorCode::InvalidPartitions
+                            | RDKafkaErrorCode::InvalidTopic
+                    )
+            }
+            TopicError::Missing { .. }
+            | TopicError::WrongPartitions { .. }
+            | TopicError::Runtime(_) => false,
+        }
+    }
+}
+
+/// What the broker accepts on a topic, as far as a record's producer can check it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TopicLimits {
+    /// The topic's `max.message.bytes`: the broker rejects a larger record batch.
+    pub max_message_bytes: usize,
+    /// `cleanup.policy` includes `compact`: the broker rejects records without a key.
+    pub compacted: bool,
+    /// A compression codec is set: batches are checked compressed, so sizes cannot be
+    /// checked before sending.
+    pub compressed: bool,
+}
+
+/// Bytes a record adds to a batch besides its key, value and headers (varint lengths,
+/// timestamp and offset deltas, attributes), plus a batch's own header: an upper bound, so a
+/// record this check passes fits the topic's limit.
+const RECORD_OVERHEAD: usize = 61 + 31;
+
+impl TopicLimits {
+    pub fn check(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        header_bytes: usize,
+    ) -> Result<(), String> {
+        if self.compacted && key.is_none() {
+            return Err(format!(
+                "record without a key for {topic}, a compacted topic (cleanup.policy=compact): give it a key or write it to another topic"
+            ));
+        }
+        let size = RECORD_OVERHEAD
+            + key.map_or(0, <[u8]>::len)
+            + value.map_or(0, <[u8]>::len)
+            + header_bytes;
+        if !self.compressed && size > self.max_message_bytes {
+            return Err(format!(
+                "record of {size} bytes is larger than {topic}'s max.message.bytes ({}): raise the topic's max.message.bytes or make the record smaller",
+                self.max_message_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the worker knows of the topics it reads and writes.
+#[derive(Clone, Debug, Default)]
+pub struct Topics {
+    pub partitions: PartitionCounts,
+    /// Limits of every topic the app writes.
+    pub limits: HashMap<String, TopicLimits>,
+}
+
+impl Topics {
+    /// The smallest `max.message.bytes` of the topics written, if a batch must stay below
+    /// the producer's default batch size (1 MB) to fit it.
+    pub fn batch_bytes(&self) -> Option<usize> {
+        self.limits
+            .values()
+            .filter(|l| !l.compressed)
+            .map(|l| l.max_message_bytes)
+            .min()
+            .filter(|&b| b < 1_000_000)
+    }
 }
 
 pub use eddy_crds::topics::InternalTopic;
@@ -66,19 +168,14 @@ pub fn describe(
     cfg: &WorkerConfig,
     timeout: Duration,
 ) -> Result<(PartitionCounts, usize), TopicError> {
-    let consumer: BaseConsumer =
-        cfg.client_config()
-            .create()
-            .map_err(|e| TopicError::Unreachable {
-                servers: cfg.bootstrap_servers.clone(),
-                message: e.to_string(),
-            })?;
+    let unreachable = |source| TopicError::Unreachable {
+        servers: cfg.bootstrap_servers.clone(),
+        source,
+    };
+    let consumer: BaseConsumer = cfg.client_config().create().map_err(unreachable)?;
     let md = consumer
         .fetch_metadata(None, timeout)
-        .map_err(|e| TopicError::Unreachable {
-            servers: cfg.bootstrap_servers.clone(),
-            message: e.to_string(),
-        })?;
+        .map_err(unreachable)?;
     let counts = md
         .topics()
         .iter()
@@ -89,9 +186,10 @@ pub fn describe(
 }
 
 /// Make sure every topic the app uses exists with the right partition count, creating missing
-/// internal topics. Returns the partition counts of all of them.
-pub fn prepare(cfg: &WorkerConfig) -> Result<PartitionCounts, TopicError> {
-    let timeout = Duration::from_secs(30);
+/// internal topics. Returns the partition counts of all of them, and the limits of those the
+/// app writes.
+pub fn prepare(cfg: &WorkerConfig) -> Result<Topics, TopicError> {
+    let timeout = Duration::from_secs(10);
     let (mut counts, brokers) = describe(cfg, timeout)?;
     let internal = plan(cfg, &counts)?;
     for sub in &cfg.topology.subtopologies {
@@ -139,7 +237,7 @@ pub fn prepare(cfg: &WorkerConfig) -> Result<PartitionCounts, TopicError> {
             if Instant::now() > deadline {
                 return Err(TopicError::Create {
                     topic: missing[0].name.clone(),
-                    message: "created but not visible in metadata after 30 s".into(),
+                    code: RDKafkaErrorCode::OperationTimedOut,
                 });
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -148,16 +246,90 @@ pub fn prepare(cfg: &WorkerConfig) -> Result<PartitionCounts, TopicError> {
     for t in &internal {
         counts.insert(t.name.clone(), t.partitions);
     }
-    Ok(counts)
+    let written: Vec<&str> = cfg
+        .topology
+        .subtopologies
+        .iter()
+        .flat_map(|s| s.sinks.iter().map(|k| k.topic.as_str()))
+        .chain(internal.iter().map(|t| t.name.as_str()))
+        .collect();
+    Ok(Topics {
+        partitions: counts,
+        limits: limits(cfg, &written)?,
+    })
+}
+
+/// The record limits of `topics`, from their configs.
+pub fn limits(
+    cfg: &WorkerConfig,
+    topics: &[&str],
+) -> Result<HashMap<String, TopicLimits>, TopicError> {
+    use rdkafka::admin::ResourceSpecifier;
+    let mut names: Vec<&str> = topics.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    let admin: AdminClient<DefaultClientContext> =
+        cfg.client_config()
+            .create()
+            .map_err(|source| TopicError::Unreachable {
+                servers: cfg.bootstrap_servers.clone(),
+                source,
+            })?;
+    let specs: Vec<ResourceSpecifier<'_>> =
+        names.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let results = block_on(admin.describe_configs(&specs, &opts))?.map_err(|source| {
+        TopicError::Unreachable {
+            servers: cfg.bootstrap_servers.clone(),
+            source,
+        }
+    })?;
+    // The producer's own compression setting applies to every topic it writes.
+    let producer_compresses = cfg
+        .spec
+        .kafka
+        .properties
+        .iter()
+        .any(|(k, v)| (k == "compression.type" || k == "compression.codec") && v != "none");
+    let mut out = HashMap::new();
+    for (name, r) in names.iter().zip(results) {
+        let res = r.map_err(|code| TopicError::Configs {
+            topic: name.to_string(),
+            code,
+        })?;
+        let get = |k: &str| res.get(k).and_then(|e| e.value.clone());
+        let compression = get("compression.type").unwrap_or_default();
+        out.insert(
+            name.to_string(),
+            TopicLimits {
+                max_message_bytes: get("max.message.bytes")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(1_048_588),
+                compacted: get("cleanup.policy").is_some_and(|p| p.contains("compact")),
+                compressed: producer_compresses
+                    || !matches!(compression.as_str(), "" | "producer" | "uncompressed"),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Drive an admin client's future on this (the processing) thread.
+fn block_on<F: std::future::Future>(f: F) -> Result<F::Output, TopicError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(TopicError::Runtime)?;
+    Ok(rt.block_on(f))
 }
 
 fn create(cfg: &WorkerConfig, topics: &[&InternalTopic], rf: i32) -> Result<(), TopicError> {
     let admin: AdminClient<DefaultClientContext> =
         cfg.client_config()
             .create()
-            .map_err(|e| TopicError::Unreachable {
+            .map_err(|source| TopicError::Unreachable {
                 servers: cfg.bootstrap_servers.clone(),
-                message: e.to_string(),
+                source,
             })?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
@@ -168,31 +340,17 @@ fn create(cfg: &WorkerConfig, topics: &[&InternalTopic], rf: i32) -> Result<(), 
             )
         })
         .collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| TopicError::Create {
-            topic: topics[0].name.clone(),
-            message: e.to_string(),
-        })?;
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results =
-        rt.block_on(admin.create_topics(&new, &opts))
-            .map_err(|e| TopicError::Create {
-                topic: topics[0].name.clone(),
-                message: e.to_string(),
-            })?;
+    let results = block_on(admin.create_topics(&new, &opts))?.map_err(|e| TopicError::Create {
+        topic: topics[0].name.clone(),
+        code: e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
+    })?;
     for r in results {
         match r {
             Ok(name) => tracing::info!(topic = %name, "created internal topic"),
             // Another worker of the same app may have won the race.
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => {
-                return Err(TopicError::Create {
-                    topic,
-                    message: code.to_string(),
-                });
-            }
+            Err((topic, code)) => return Err(TopicError::Create { topic, code }),
         }
     }
     Ok(())

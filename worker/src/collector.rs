@@ -3,18 +3,27 @@
 //! murmur2, and tracks the offset each changelog partition reached so the commit can store it
 //! as the store's checkpoint.
 
+use crate::changelog::Topics;
 use crate::partitioner::partition_for;
 use crate::processor::{ProcessError, Sink};
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
     BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
 };
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long a send waits for queue space before giving up: the queue stays full only while
+/// the brokers are away, and the worker then retries from its last commit instead.
+const QUEUE_FULL_WAIT: Duration = Duration::from_secs(30);
+
+/// The first delivery error since the last call, if any.
+pub fn take_delivery_error(p: &Producer) -> Option<DeliveryError> {
+    p.context().error.lock().ok().and_then(|mut e| e.take())
+}
 
 /// Delivery bookkeeping shared with librdkafka's callback thread.
 #[derive(Default)]
@@ -22,7 +31,16 @@ pub struct Tracker {
     /// Next offset after the last delivered record, per tracked changelog partition.
     slots: RwLock<Vec<Arc<AtomicI64>>>,
     /// First delivery failure since the last check: a commit must not pretend it succeeded.
-    error: Mutex<Option<String>>,
+    error: Mutex<Option<DeliveryError>>,
+}
+
+/// A record the broker did not take.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("delivery to {topic}[{partition}] failed: {code}")]
+pub struct DeliveryError {
+    pub topic: String,
+    pub partition: i32,
+    pub code: RDKafkaErrorCode,
 }
 
 impl ClientContext for Tracker {}
@@ -42,8 +60,10 @@ impl ProducerContext for Tracker {
             }
             Err((e, m)) => {
                 if let Ok(mut err) = self.error.lock() {
-                    err.get_or_insert_with(|| {
-                        format!("delivery to {}[{}] failed: {e}", m.topic(), m.partition())
+                    err.get_or_insert_with(|| DeliveryError {
+                        topic: m.topic().to_string(),
+                        partition: m.partition(),
+                        code: e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail),
                     });
                 }
             }
@@ -53,10 +73,10 @@ impl ProducerContext for Tracker {
 
 pub type Producer = ThreadedProducer<Tracker>;
 
-/// A producer and the partition counts of the topics it writes.
+/// A producer and what it knows of the topics it writes.
 pub struct Collector {
     pub producer: Arc<Producer>,
-    partitions: Arc<HashMap<String, i32>>,
+    topics: Arc<Topics>,
 }
 
 /// Handle on one changelog partition's delivered offset.
@@ -74,11 +94,8 @@ impl Slot {
 }
 
 impl Collector {
-    pub fn new(producer: Arc<Producer>, partitions: Arc<HashMap<String, i32>>) -> Self {
-        Self {
-            producer,
-            partitions,
-        }
+    pub fn new(producer: Arc<Producer>, topics: Arc<Topics>) -> Self {
+        Self { producer, topics }
     }
 
     pub fn track(&self) -> Slot {
@@ -96,20 +113,14 @@ impl Collector {
         }
     }
 
-    /// The first delivery error since the last call, if any.
-    pub fn take_error(&self) -> Option<String> {
-        self.producer
-            .context()
-            .error
-            .lock()
-            .ok()
-            .and_then(|mut e| e.take())
-    }
-
     pub fn partitions(&self, topic: &str) -> Option<i32> {
-        self.partitions.get(topic).copied()
+        self.topics.partitions.get(topic).copied()
     }
 
+    /// Send one record. A record the topic cannot take (larger than its `max.message.bytes`,
+    /// or keyless to a compacted topic) is refused here, before it reaches the producer, as
+    /// a bad record for `onError` to handle: a record the broker rejected would instead
+    /// poison the whole transaction under exactly-once.
     #[allow(clippy::too_many_arguments)]
     pub fn send_raw(
         &self,
@@ -121,6 +132,16 @@ impl Collector {
         headers: Option<OwnedHeaders>,
         slot: Option<&Slot>,
     ) -> Result<(), ProcessError> {
+        if let Some(limits) = self.topics.limits.get(topic) {
+            let header_bytes = headers.as_ref().map_or(0, |h| {
+                h.iter()
+                    .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len) + 10)
+                    .sum()
+            });
+            limits
+                .check(topic, key, value, header_bytes)
+                .map_err(ProcessError::BadRecord)?;
+        }
         let mut rec: BaseRecord<'_, [u8], [u8], usize> =
             BaseRecord::with_opaque_to(topic, slot.map_or(0, |s| s.id)).partition(partition);
         if timestamp >= 0 {
@@ -135,18 +156,28 @@ impl Collector {
         if let Some(h) = headers {
             rec = rec.headers(h);
         }
+        let deadline = Instant::now() + QUEUE_FULL_WAIT;
         loop {
             match self.producer.send(rec) {
                 Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
+                    if Instant::now() < deadline =>
+                {
                     // Wait for deliveries to free queue space; the polling thread serves them.
                     self.producer.poll(Duration::from_millis(5));
                     rec = r;
                 }
-                Err((e, _)) => {
-                    return Err(ProcessError::Fatal(format!(
-                        "cannot send to {topic}[{partition}]: {e}"
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                    return Err(ProcessError::BadRecord(format!(
+                        "record for {topic}[{partition}] is larger than the producer's message.max.bytes"
                     )));
+                }
+                Err((source, _)) => {
+                    return Err(ProcessError::Send {
+                        topic: topic.to_string(),
+                        partition,
+                        source,
+                    });
                 }
             }
         }
@@ -227,19 +258,30 @@ pub fn transactional_id(application_id: &str, instance: &str) -> String {
 }
 
 /// The worker's producer, shared by all its tasks; transactional under exactly-once.
+/// `batch_bytes` caps a batch below the smallest `max.message.bytes` of the topics written:
+/// the broker checks the whole batch against it, so a batch of small records to a topic with
+/// a low limit would otherwise be rejected as one.
 pub fn producer(
     cfg: &crate::config::WorkerConfig,
     transactional_id: Option<&str>,
+    batch_bytes: Option<usize>,
 ) -> Result<Arc<Producer>, KafkaError> {
-    let mut c = cfg.client_config_with(&[
+    let batch = batch_bytes.map(|b| b.to_string());
+    let mut defaults = vec![
         ("linger.ms", "10"),
         ("batch.num.messages", "10000"),
         ("queue.buffering.max.kbytes", "32768"),
-    ]);
+    ];
+    if let Some(b) = &batch {
+        defaults.push(("batch.size", b));
+    }
+    let mut c = cfg.client_config_with(&defaults);
     c.set("enable.idempotence", "true");
     if let Some(id) = transactional_id {
-        c.set("transactional.id", id)
-            .set("transaction.timeout.ms", "30000");
+        c.set("transactional.id", id).set(
+            "transaction.timeout.ms",
+            cfg.transaction_timeout.as_millis().to_string(),
+        );
     }
     Ok(Arc::new(c.create_with_context(Tracker::default())?))
 }

@@ -59,6 +59,8 @@ pub struct WorkerConfig {
     pub topology: Topology,
     pub guarantee: ProcessingGuarantee,
     pub commit_interval: Duration,
+    /// Exactly-once: the producer's `transaction.timeout.ms`.
+    pub transaction_timeout: Duration,
     pub on_error: OnError,
     /// Bytes for RocksDB (block cache incl. memtables) and for the record cache.
     pub rocksdb_bytes: usize,
@@ -107,11 +109,8 @@ impl WorkerConfig {
                 message: "missing: set it in the app file or pass --bootstrap-servers".into(),
             })?;
         let guarantee = spec.processing_guarantee;
-        let commit_interval =
-            Duration::from_millis(spec.commit_interval_ms.unwrap_or(match guarantee {
-                ProcessingGuarantee::AtLeastOnce => 30_000,
-                ProcessingGuarantee::ExactlyOnce => 100,
-            }));
+        let commit_interval = Duration::from_millis(spec.commit_interval_ms());
+        let transaction_timeout = Duration::from_millis(spec.transaction_timeout_ms());
         let budget = match spec.memory.as_ref().and_then(|m| m.budget.as_deref()) {
             Some(q) => parse_quantity(q).map_err(|message| ConfigError::Invalid {
                 field: "memory.budget",
@@ -162,6 +161,7 @@ impl WorkerConfig {
             on_error: spec.on_error,
             guarantee,
             commit_interval,
+            transaction_timeout,
             record_cache_bytes,
             rocksdb_bytes: budget - record_cache_bytes,
             topology,

@@ -34,11 +34,13 @@ pub fn router(metrics: Arc<Metrics>, status: Arc<Status>) -> Router {
                 let s = status.clone();
                 async move {
                     if s.ready.load(Ordering::Relaxed) {
-                        (StatusCode::OK, "ready").into_response()
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "tasks are not all running")
-                            .into_response()
+                        return (StatusCode::OK, "ready".to_string()).into_response();
                     }
+                    let why = match s.problem.lock().ok().and_then(|p| p.clone()) {
+                        Some(p) => format!("{:?}: {}", p.reason, p.message),
+                        None => "tasks are not all running".to_string(),
+                    };
+                    (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
                 }
             }),
         )

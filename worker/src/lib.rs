@@ -12,6 +12,7 @@ pub mod changelog;
 pub mod collector;
 pub mod config;
 pub mod expr;
+pub mod fault;
 pub mod format;
 pub mod http;
 pub mod metrics;

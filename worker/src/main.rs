@@ -193,5 +193,8 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         .join()
         .map_err(|_| anyhow::anyhow!("the processing thread panicked"))?;
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
-    result.map_err(Into::into)
+    result.map_err(|e| match e.hint() {
+        Some(hint) => anyhow::Error::new(e).context(format!("stopped ({hint})")),
+        None => e.into(),
+    })
 }

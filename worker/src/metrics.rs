@@ -49,6 +49,12 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// The worker problem's reason (`KafkaUnavailable`, `StateStoreUnavailable`, ...).
+    pub reason: String,
+}
+
 /// Every metric a worker exports.
 pub struct Metrics {
     pub registry: Registry,
@@ -66,6 +72,7 @@ pub struct Metrics {
     pub consumer_lag: Family<PartitionLabels, Gauge>,
     pub bad_records: Family<OutcomeLabels, Counter>,
     pub tasks_rebuilt: Family<TaskLabels, Counter>,
+    pub recoveries: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -92,6 +99,7 @@ impl Metrics {
             consumer_lag: Family::default(),
             bad_records: Family::default(),
             tasks_rebuilt: Family::default(),
+            recoveries: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -160,6 +168,11 @@ impl Metrics {
             "tasks_rebuilt",
             "Tasks whose state was wiped and rebuilt because the changelog no longer covered it",
             m.tasks_rebuilt.clone(),
+        );
+        r.register(
+            "recoveries",
+            "Times the worker dropped its uncommitted work and resumed its tasks from the last commit (Kafka outage, fenced or aborted transaction, state store I/O error), by reason",
+            m.recoveries.clone(),
         );
         Metrics { registry, ..m }
     }

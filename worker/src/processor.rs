@@ -17,6 +17,15 @@ pub enum ProcessError {
     /// as skipped whatever `onError` says, as Kafka Streams drops such records.
     #[error("{0}")]
     Skip(String),
+    /// Kafka did not take a record for a reason that is not the record's (an outage, a
+    /// fenced producer): the worker retries from its last commit, or stops if it cannot.
+    #[error("cannot send to {topic}[{partition}]: {source}")]
+    Send {
+        topic: String,
+        partition: i32,
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
     /// Anything else stops the worker.
     #[error(transparent)]
     Store(#[from] StoreError),

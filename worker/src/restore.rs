@@ -221,10 +221,16 @@ pub fn restore(
             if status.shutdown.load(Ordering::Relaxed) {
                 return Err(RestoreError::Interrupted);
             }
+            status.beat();
             let (p, done) = match consumer.poll(Duration::from_millis(200)) {
                 None => continue,
                 Some(Err(KafkaError::PartitionEOF(p))) => (p, true),
-                Some(Err(e)) => return Err(kafka(e)),
+                Some(Err(e)) if crate::fault::is_fatal(&e) => return Err(kafka(e)),
+                // librdkafka reconnects and refetches by itself (a broker restarting).
+                Some(Err(e)) => {
+                    tracing::debug!(changelog = %changelog, "restoring: {e}");
+                    continue;
+                }
                 Some(Ok(m)) => {
                     let entry = pending.entry(m.partition()).or_default();
                     entry.add(m.key().unwrap_or_default(), m.payload(), m.offset());

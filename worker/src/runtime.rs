@@ -7,18 +7,26 @@
 //! at-least-once: wait for all deliveries, then commit the input offsets); only then write the
 //! flushed state and the changelog offsets to each store. A crash anywhere in between leaves
 //! the stores at the previous commit, and restore replays the changelog tail from there.
+//!
+//! Faults are handled the same way without a crash: an error that can go away (brokers
+//! unreachable, a transaction aborted or fenced, records not delivered, a full disk) drops
+//! every task's uncommitted work ("closes it dirty", as Kafka Streams does), re-creates the
+//! producer, and takes the tasks again from the last commit after a back-off, as often as it
+//! takes. Only errors retrying cannot fix stop the worker ([`RuntimeError::is_recoverable`]).
 
 use crate::cache::StoreState;
-use crate::changelog::{self, TopicError};
-use crate::collector::{self, Collector};
+use crate::changelog::{self, TopicError, Topics};
+use crate::collector::{self, Collector, DeliveryError};
 use crate::config::WorkerConfig;
-use crate::metrics::{Metrics, PartitionLabels};
+use crate::fault;
+use crate::metrics::{Metrics, PartitionLabels, ReasonLabels};
+use crate::processor::ProcessError;
 use crate::record::Origin;
 use crate::restore::{self, RestoreError, Restored};
 use crate::store::{StateResources, StoreError};
 use crate::task::{Task, TaskError, TaskState};
 use eddy_crds::TaskId;
-use eddy_crds::resource::{TaskStatus, WorkerStatus};
+use eddy_crds::resource::{TaskStatus, WorkerProblem, WorkerProblemReason, WorkerStatus};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -26,7 +34,7 @@ use rdkafka::producer::Producer as _;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,7 +55,78 @@ pub enum RuntimeError {
         source: KafkaError,
     },
     #[error("{0}")]
-    Delivery(String),
+    Delivery(#[from] DeliveryError),
+    #[error("the consumer has no group metadata")]
+    NoGroupMetadata,
+}
+
+impl RuntimeError {
+    /// True when dropping the uncommitted work and resuming from the last commit can fix it:
+    /// Kafka errors that go away by themselves and state-store I/O errors. Bad records under
+    /// `onError: fail`, permissions, configuration and corrupt state are not.
+    pub fn is_recoverable(&self) -> bool {
+        match self {
+            RuntimeError::Topics(e) => e.is_transient(),
+            RuntimeError::Task(TaskError::Process { source, .. }) => match source {
+                ProcessError::Send { source, .. } => !fault::is_fatal(source),
+                ProcessError::Store(e) => e.is_transient(),
+                _ => false,
+            },
+            RuntimeError::Task(TaskError::Store { source, .. })
+            | RuntimeError::Restore(RestoreError::Store { source, .. })
+            | RuntimeError::Store(source) => source.is_transient(),
+            RuntimeError::Task(TaskError::BadRecord { .. }) => false,
+            RuntimeError::Restore(RestoreError::Kafka { source, .. })
+            | RuntimeError::Kafka { source, .. } => !fault::is_fatal(source),
+            RuntimeError::Restore(RestoreError::Interrupted) => false,
+            RuntimeError::Delivery(d) => !fault::is_fatal_code(d.code),
+            RuntimeError::NoGroupMetadata => true,
+        }
+    }
+
+    /// What to fix, for errors that name a permission or a setting.
+    pub fn hint(&self) -> Option<&'static str> {
+        let code = match self {
+            RuntimeError::Kafka { source, .. }
+            | RuntimeError::Restore(RestoreError::Kafka { source, .. })
+            | RuntimeError::Task(TaskError::Process {
+                source: ProcessError::Send { source, .. },
+                ..
+            }) => source.rdkafka_error_code()?,
+            RuntimeError::Delivery(d) => d.code,
+            RuntimeError::Topics(TopicError::Unreachable { source, .. }) => {
+                source.rdkafka_error_code()?
+            }
+            RuntimeError::Topics(
+                TopicError::Create { code, .. } | TopicError::Configs { code, .. },
+            ) => *code,
+            _ => return None,
+        };
+        fault::is_fatal_code(code).then(|| fault::hint(code))
+    }
+
+    /// Why the worker waits, for its status report and metrics.
+    fn reason(&self) -> WorkerProblemReason {
+        match self {
+            RuntimeError::Task(TaskError::Store { .. })
+            | RuntimeError::Task(TaskError::Process {
+                source: ProcessError::Store(_),
+                ..
+            })
+            | RuntimeError::Restore(RestoreError::Store { .. })
+            | RuntimeError::Store(_) => WorkerProblemReason::StateStoreUnavailable,
+            _ => WorkerProblemReason::KafkaUnavailable,
+        }
+    }
+
+    /// A broker rejected a record for what it is (too large, invalid): recovering helps only
+    /// if the topic's limits changed, so it is retried a few times, not forever.
+    fn is_record_rejection(&self) -> bool {
+        use rdkafka::types::RDKafkaErrorCode::*;
+        matches!(self, RuntimeError::Delivery(d) if matches!(d.code,
+            MessageSizeTooLarge | MessageBatchTooLarge | InvalidRecord | InvalidMessage
+                | InvalidMessageSize | InvalidTimestamp | PolicyViolation ))
+    }
 }
 
 fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> RuntimeError {
@@ -75,6 +154,11 @@ pub struct Status {
     /// Reports sent to the app's status so far (under the operator), and a signal for each.
     pub reports_sent: Mutex<u64>,
     pub report_sent: std::sync::Condvar,
+    /// When the processing thread last showed progress (ms since the UNIX epoch, 0 = not
+    /// started): the liveness check reads it.
+    pub heartbeat: AtomicU64,
+    /// Why the worker is not processing, while it retries (None when all is well).
+    pub problem: Mutex<Option<WorkerProblem>>,
 }
 
 impl Status {
@@ -91,6 +175,14 @@ impl Status {
         let _ = self
             .report_sent
             .wait_timeout_while(sent, timeout, |n| *n == seen);
+    }
+
+    /// The processing thread is making progress (or waiting on purpose).
+    pub fn beat(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.heartbeat.store(now, Ordering::Relaxed);
     }
 
     /// Called by the reporter after each report it sent.
@@ -132,15 +224,15 @@ impl ClientContext for LagReporter {
 }
 impl ConsumerContext for LagReporter {}
 
-/// Run the app until `status.shutdown` is set or a task fails. Standalone, the worker owns
-/// every task; under the operator (`status.follow_assignment`) it runs the tasks the operator
-/// assigned to it, and takes or releases tasks when that assignment changes.
+/// Run the app until `status.shutdown` is set or an error that retrying cannot fix.
+/// Standalone, the worker owns every task; under the operator (`status.follow_assignment`)
+/// it runs the tasks the operator assigned to it, and takes or releases tasks when that
+/// assignment changes.
 pub fn run(
     cfg: &WorkerConfig,
     metrics: Arc<Metrics>,
     status: Arc<Status>,
 ) -> Result<(), RuntimeError> {
-    let counts = Arc::new(changelog::prepare(cfg)?);
     let consumer: BaseConsumer<LagReporter> = cfg
         .client_config_with(&[
             ("statistics.interval.ms", "5000"),
@@ -156,31 +248,23 @@ pub fn run(
         .set("isolation.level", "read_committed")
         .create_with_context(LagReporter(metrics.clone()))
         .map_err(kafka("creating the consumer"))?;
-    // One producer for every task of this worker. Under exactly-once it is transactional
-    // with an id that names this worker: initializing it fences this worker's previous
-    // incarnation and aborts its open transaction, so restore sees the changelogs' committed
-    // ends (Kafka Streams' exactly_once_v2: one transaction per thread, not per task).
-    let producer = if cfg.exactly_once() {
-        init_transactions(
-            cfg,
-            &collector::transactional_id(&cfg.application_id, &cfg.instance_id),
-        )?
-    } else {
-        collector::producer(cfg, None).map_err(kafka("creating the producer"))?
-    };
     let mut m = Manager {
         cfg,
-        counts,
+        topics: None,
         resources: StateResources::new(cfg.rocksdb_bytes)?,
         consumer,
-        producer,
+        producer: None,
         in_transaction: false,
         metrics,
         status,
         tasks: Vec::new(),
         applied: None,
+        stale: false,
+        backoff: MIN_BACKOFF,
+        rejections: 0,
+        last_poll_warning: None,
     };
-    let result = m.run_loop();
+    let result = m.supervise();
     m.status.ready.store(false, Ordering::Relaxed);
     match result {
         Ok(()) => {
@@ -193,21 +277,34 @@ pub fn run(
         Err(e) => {
             // Nothing after the last commit is kept: the aborted transaction (exactly-once)
             // or uncommitted offsets (at-least-once) make the next run redo it.
-            if m.in_transaction {
-                let _ = m.producer.abort_transaction(Duration::from_secs(10));
+            if m.in_transaction
+                && let Some(p) = &m.producer
+            {
+                let _ = p.abort_transaction(Duration::from_secs(10));
             }
             Err(e)
         }
     }
 }
 
+/// Back-off between recoveries: short for a blip, at most 10 s while something stays down.
+const MIN_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// A broker rejecting records this many times in a row, with no commit in between, is not
+/// fixed by retrying: the worker stops with the broker's reason.
+const MAX_REJECTIONS: u32 = 3;
+
 /// The tasks of this process and the clients they share (Kafka Streams' TaskManager).
 struct Manager<'a> {
     cfg: &'a WorkerConfig,
-    counts: Arc<changelog::PartitionCounts>,
+    /// Partition counts and record limits of the app's topics, learned at (re)start.
+    topics: Option<Arc<Topics>>,
     resources: StateResources,
     consumer: BaseConsumer<LagReporter>,
-    producer: Arc<collector::Producer>,
+    /// The worker's producer, shared by its tasks; None until Kafka answered, and again
+    /// after a recovery dropped it.
+    producer: Option<Arc<collector::Producer>>,
     /// Exactly-once: a transaction is open on `producer`.
     in_transaction: bool,
     metrics: Arc<Metrics>,
@@ -215,13 +312,153 @@ struct Manager<'a> {
     tasks: Vec<Task>,
     /// Generation of the assignment the tasks follow (None before the first).
     applied: Option<i64>,
+    /// A recovery dropped the tasks: take the assigned ones again.
+    stale: bool,
+    /// Wait before the next attempt after a recoverable error.
+    backoff: Duration,
+    /// Record rejections by a broker since the last commit.
+    rejections: u32,
+    /// Poll errors librdkafka recovers from are logged at most every few seconds.
+    last_poll_warning: Option<Instant>,
 }
 
 impl Manager<'_> {
+    /// Run the loop; on a recoverable error drop the uncommitted work, wait, and go again.
+    fn supervise(&mut self) -> Result<(), RuntimeError> {
+        loop {
+            let err = match self.run_loop() {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if !err.is_recoverable() || self.status.shutdown.load(Ordering::Relaxed) {
+                return Err(err);
+            }
+            if err.is_record_rejection() {
+                self.rejections += 1;
+                if self.rejections >= MAX_REJECTIONS {
+                    return Err(err);
+                }
+            }
+            let reason = err.reason();
+            tracing::warn!(error = %err, retry_in = ?self.backoff,
+                "dropping uncommitted work and resuming from the last commit");
+            self.metrics
+                .recoveries
+                .get_or_create(&ReasonLabels {
+                    reason: format!("{reason:?}"),
+                })
+                .inc();
+            self.set_problem(reason, &err);
+            self.recover();
+            let until = Instant::now() + self.backoff;
+            while Instant::now() < until && !self.status.shutdown.load(Ordering::Relaxed) {
+                self.status.beat();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Close every task dirty: its uncommitted cache and the open transaction are dropped,
+    /// its store still holds the last commit. The producer goes too (it may be fenced or
+    /// hold records that will be produced again), and what Kafka said about the topics.
+    fn recover(&mut self) {
+        self.status.ready.store(false, Ordering::Relaxed);
+        if let Some(p) = self.producer.take()
+            && self.in_transaction
+        {
+            let _ = p.abort_transaction(Duration::from_secs(5));
+        }
+        self.in_transaction = false;
+        for t in std::mem::take(&mut self.tasks) {
+            t.close_dirty();
+        }
+        if let Ok(assigned) = self.consumer.assignment()
+            && assigned.count() > 0
+            && let Err(e) = self.consumer.incremental_unassign(&assigned)
+        {
+            tracing::warn!("unassigning input partitions: {e}");
+        }
+        self.topics = None;
+        self.stale = true;
+        self.report();
+    }
+
+    /// Record why the worker waits (status report, `/readyz`); cleared by [`Self::healthy`].
+    fn set_problem(&self, reason: WorkerProblemReason, err: &RuntimeError) {
+        if let Ok(mut p) = self.status.problem.lock() {
+            let since = p
+                .as_ref()
+                .filter(|p| p.reason == reason)
+                .and_then(|p| p.since.clone())
+                .or_else(|| Some(k8s_openapi::jiff::Timestamp::now().to_string()));
+            *p = Some(WorkerProblem {
+                reason,
+                message: format!("{err}"),
+                since,
+            });
+        }
+    }
+
+    /// Work went through: forget past problems.
+    fn healthy(&mut self) {
+        self.backoff = MIN_BACKOFF;
+        self.rejections = 0;
+        let cleared = self
+            .status
+            .problem
+            .lock()
+            .is_ok_and(|mut p| p.take().is_some());
+        if cleared {
+            tracing::info!("recovered: processing again");
+            self.report();
+        }
+    }
+
+    /// What Kafka says about the app's topics, and the producer: asked once per (re)start.
+    fn ensure_started(&mut self) -> Result<(Arc<Topics>, Arc<collector::Producer>), RuntimeError> {
+        let topics = match &self.topics {
+            Some(t) => t.clone(),
+            None => {
+                let t = Arc::new(changelog::prepare(self.cfg)?);
+                self.topics = Some(t.clone());
+                t
+            }
+        };
+        let producer = match &self.producer {
+            Some(p) => p.clone(),
+            None => {
+                // Under exactly-once the producer is transactional with an id that names
+                // this worker: initializing it fences this worker's previous incarnation
+                // and aborts its open transaction, so restore sees the changelogs'
+                // committed ends (Kafka Streams' exactly_once_v2: one transaction per
+                // thread, not per task).
+                let p = if self.cfg.exactly_once() {
+                    init_transactions(
+                        self.cfg,
+                        &collector::transactional_id(
+                            &self.cfg.application_id,
+                            &self.cfg.instance_id,
+                        ),
+                        topics.batch_bytes(),
+                    )?
+                } else {
+                    collector::producer(self.cfg, None, topics.batch_bytes())
+                        .map_err(kafka("creating the producer"))?
+                };
+                self.producer = Some(p.clone());
+                p
+            }
+        };
+        Ok((topics, producer))
+    }
+
     fn run_loop(&mut self) -> Result<(), RuntimeError> {
         let mut route = Router::new(&self.tasks);
         let mut next_commit = Instant::now() + self.cfg.commit_interval;
         while !self.status.shutdown.load(Ordering::Relaxed) {
+            self.status.beat();
+            self.ensure_started()?;
             if let Some((generation, ids)) = self.wanted() {
                 self.change(generation, &ids)?;
                 route = Router::new(&self.tasks);
@@ -237,7 +474,16 @@ impl Manager<'_> {
                 let Some(msg) = self.consumer.poll(Duration::from_millis(50)) else {
                     break;
                 };
-                let msg = msg.map_err(kafka("consuming"))?;
+                let msg = match msg {
+                    Ok(m) => m,
+                    Err(e) if fault::is_fatal(&e) => return Err(kafka("consuming")(e)),
+                    Err(e) => {
+                        // librdkafka reconnects and refetches by itself (a broker restarting,
+                        // a leader moving): the assigned partitions resume when it can.
+                        self.poll_warning(&e);
+                        break;
+                    }
+                };
                 let Some(ti) = route.task(msg.topic(), msg.partition()) else {
                     continue;
                 };
@@ -257,33 +503,51 @@ impl Manager<'_> {
                 }
             }
             if Instant::now() >= next_commit {
-                self.commit()?;
+                if self.commit()? {
+                    self.healthy();
+                }
                 next_commit = Instant::now() + self.cfg.commit_interval;
             }
         }
-        self.commit()
+        self.commit().map(|_| ())
     }
 
-    /// Every task of the app, as (sub-topology index, id).
+    /// Every task of the app, as (sub-topology index, id). Empty until Kafka told the
+    /// partition counts; the loop asks before it needs them.
     fn all_tasks(&self) -> Vec<TaskId> {
+        let Some(topics) = &self.topics else {
+            return Vec::new();
+        };
         self.cfg
             .topology
             .subtopologies
             .iter()
             .flat_map(|s| {
-                (0..self.counts.get(&s.source.topic).copied().unwrap_or(0))
+                (0..topics.partitions.get(&s.source.topic).copied().unwrap_or(0))
                     .map(move |p| TaskId::new(s.id, p))
             })
             .collect()
     }
 
-    /// The task set to switch to, if it changed.
+    fn poll_warning(&mut self, e: &KafkaError) {
+        if self
+            .last_poll_warning
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(10))
+        {
+            tracing::warn!(
+                "consuming: {e} (librdkafka retries; processing resumes when Kafka answers)"
+            );
+            self.last_poll_warning = Some(Instant::now());
+        }
+    }
+
+    /// The task set to switch to, if it changed (or a recovery dropped the tasks).
     fn wanted(&self) -> Option<(i64, Vec<TaskId>)> {
         if !self.status.follow_assignment {
-            return self.applied.is_none().then(|| (0, self.all_tasks()));
+            return (self.applied.is_none() || self.stale).then(|| (0, self.all_tasks()));
         }
         let desired = self.status.desired.lock().ok()?.clone()?;
-        if Some(desired.0) == self.applied {
+        if Some(desired.0) == self.applied && !self.stale {
             return None;
         }
         let all = self.all_tasks();
@@ -301,6 +565,7 @@ impl Manager<'_> {
         // Reported as applied once the released tasks are let go (below), before any
         // restore: a worker waiting for them must not wait for this worker's restores.
         self.applied = Some(generation);
+        self.stale = false;
         let new: Vec<TaskId> = ids
             .iter()
             .filter(|id| !self.tasks.iter().any(|t| t.id == **id))
@@ -331,13 +596,17 @@ impl Manager<'_> {
             self.report();
         }
         if new.is_empty() {
+            self.healthy();
             return Ok(());
         }
+        // A failure from here on leaves the tasks to take again after a recovery.
+        self.stale = true;
         self.status.ready.store(false, Ordering::Relaxed);
         if self.cfg.exactly_once() && self.status.follow_assignment {
             self.await_release(generation, &new)?;
         }
-        let mut added = self.create(&new)?;
+        let (topics, producer) = self.ensure_started()?;
+        let mut added = self.create(&new, &topics, &producer)?;
         self.report_tasks(&added);
         let restored = restore::restore(
             self.cfg,
@@ -384,7 +653,7 @@ impl Manager<'_> {
             .incremental_assign(&assignment)
             .map_err(kafka("assigning input partitions"))?;
         if self.cfg.exactly_once() && !self.in_transaction {
-            self.producer
+            producer
                 .begin_transaction()
                 .map_err(kafka("beginning a transaction"))?;
             self.in_transaction = true;
@@ -393,13 +662,20 @@ impl Manager<'_> {
             t.transition(TaskState::Running);
         }
         self.tasks.extend(added);
+        self.stale = false;
+        self.healthy();
         self.status.ready.store(true, Ordering::Relaxed);
         tracing::info!(tasks = self.tasks.len(), "all tasks running");
         Ok(())
     }
 
     /// Create tasks (not yet restored), all writing through this worker's producer.
-    fn create(&self, ids: &[TaskId]) -> Result<Vec<Task>, RuntimeError> {
+    fn create(
+        &self,
+        ids: &[TaskId],
+        topics: &Arc<Topics>,
+        producer: &Arc<collector::Producer>,
+    ) -> Result<Vec<Task>, RuntimeError> {
         let cfg = self.cfg;
         let cache_share = cfg.record_cache_bytes / (self.tasks.len() + ids.len()).max(1);
         let mut out = Vec::with_capacity(ids.len());
@@ -412,7 +688,7 @@ impl Manager<'_> {
             else {
                 continue;
             };
-            let collector = Collector::new(self.producer.clone(), self.counts.clone());
+            let collector = Collector::new(producer.clone(), topics.clone());
             out.push(Task::new(
                 cfg,
                 sub,
@@ -426,8 +702,9 @@ impl Manager<'_> {
         Ok(out)
     }
 
-    /// Commit every task that processed something since the last commit.
-    fn commit(&mut self) -> Result<(), RuntimeError> {
+    /// Commit every task that processed something since the last commit; true if there was
+    /// something to commit.
+    fn commit(&mut self) -> Result<bool, RuntimeError> {
         let started = Instant::now();
         let tasks = &mut self.tasks;
         let dirty: Vec<usize> = (0..tasks.len())
@@ -437,8 +714,11 @@ impl Manager<'_> {
             })
             .collect();
         if dirty.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
+        let Some(p) = self.producer.clone() else {
+            return Ok(false);
+        };
         for &i in &dirty {
             tasks[i].flush()?;
         }
@@ -454,15 +734,20 @@ impl Manager<'_> {
                     .map_err(kafka("building offsets"))?;
             }
         }
-        let p = &self.producer;
-        collector::flush(p, Duration::from_secs(60)).map_err(kafka("waiting for deliveries"))?;
+        collector::flush(&p, Duration::from_secs(60)).map_err(kafka("waiting for deliveries"))?;
+        // Every output of the records being committed must be acknowledged before their
+        // input offsets are: a record the broker did not take is never committed past.
+        if let Some(e) = collector::take_delivery_error(&p) {
+            return Err(RuntimeError::Delivery(e));
+        }
         if self.cfg.exactly_once() {
             // One transaction for every task: their outputs, changelog records and input
             // offsets become visible together or not at all.
             if offsets.count() > 0 {
-                let group = self.consumer.group_metadata().ok_or_else(|| {
-                    RuntimeError::Delivery("the consumer has no group metadata".into())
-                })?;
+                let group = self
+                    .consumer
+                    .group_metadata()
+                    .ok_or(RuntimeError::NoGroupMetadata)?;
                 p.send_offsets_to_transaction(&offsets, &group, Duration::from_secs(30))
                     .map_err(kafka("sending input offsets to the transaction"))?;
             }
@@ -472,16 +757,10 @@ impl Manager<'_> {
             p.begin_transaction()
                 .map_err(kafka("beginning a transaction"))?;
             self.in_transaction = true;
-        } else {
-            if offsets.count() > 0 {
-                self.consumer
-                    .commit(&offsets, CommitMode::Sync)
-                    .map_err(kafka("committing offsets"))?;
-            }
-        }
-        // A delivery that failed must not be stored as committed state.
-        if let Some(e) = tasks.first().and_then(|t| t.collector.take_error()) {
-            return Err(RuntimeError::Delivery(e));
+        } else if offsets.count() > 0 {
+            self.consumer
+                .commit(&offsets, CommitMode::Sync)
+                .map_err(kafka("committing offsets"))?;
         }
         for &i in &dirty {
             tasks[i].write_committed()?;
@@ -490,7 +769,7 @@ impl Manager<'_> {
         self.metrics
             .commit_seconds
             .observe(started.elapsed().as_secs_f64());
-        Ok(())
+        Ok(true)
     }
 
     /// Exactly-once under the operator: a task moving here from another worker is restored
@@ -520,12 +799,13 @@ impl Manager<'_> {
             if self.status.shutdown.load(Ordering::Relaxed) {
                 return Err(RuntimeError::Restore(RestoreError::Interrupted));
             }
+            self.status.beat();
             if Instant::now() >= deadline {
                 for pod in holders {
                     let id = collector::transactional_id(&self.cfg.application_id, &pod);
                     tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
                         "the previous owner still holds tasks assigned here: fencing it");
-                    init_transactions(self.cfg, &id)?;
+                    init_transactions(self.cfg, &id, None)?;
                 }
                 return Ok(());
             }
@@ -534,9 +814,11 @@ impl Manager<'_> {
     }
 
     fn report_tasks(&self, extra: &[Task]) {
+        let problem = self.status.problem.lock().ok().and_then(|p| p.clone());
         let Ok(mut r) = self.status.report.lock() else {
             return;
         };
+        r.problem = problem;
         r.applied_generation = self.applied.unwrap_or(0);
         r.tasks = self
             .tasks
@@ -565,8 +847,10 @@ impl Manager<'_> {
 fn init_transactions(
     cfg: &WorkerConfig,
     id: &str,
+    batch_bytes: Option<usize>,
 ) -> Result<Arc<collector::Producer>, RuntimeError> {
-    let p = collector::producer(cfg, Some(id)).map_err(kafka(format!("producer {id}")))?;
+    let p =
+        collector::producer(cfg, Some(id), batch_bytes).map_err(kafka(format!("producer {id}")))?;
     retry(Duration::from_secs(60), || {
         p.init_transactions(Duration::from_secs(60))
     })

@@ -34,6 +34,25 @@ pub enum StoreError {
     Checkpoint { store: String, path: PathBuf },
 }
 
+impl StoreError {
+    /// True for I/O errors (a full or failing disk, a lock another process still holds):
+    /// they may go away, and the state on disk is still the last commit's.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Rocks { source, .. } => matches!(
+                source.kind(),
+                rocksdb::ErrorKind::IOError
+                    | rocksdb::ErrorKind::Busy
+                    | rocksdb::ErrorKind::TryAgain
+                    | rocksdb::ErrorKind::TimedOut
+                    | rocksdb::ErrorKind::Incomplete
+            ),
+            StoreError::Io { .. } => true,
+            StoreError::Unknown(_) | StoreError::Checkpoint { .. } => false,
+        }
+    }
+}
+
 /// Memory and threads shared by every RocksDB instance of the process.
 pub struct StateResources {
     cache: Cache,

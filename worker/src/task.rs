@@ -425,6 +425,14 @@ impl Task {
         Ok(())
     }
 
+    /// Drop the task without committing (Kafka Streams' "close dirty"): its cache and
+    /// anything flushed since the last commit are thrown away; its store keeps the last
+    /// commit, and restore brings it up to the changelog's committed end next time.
+    pub fn close_dirty(mut self) {
+        self.transition(TaskState::Closed);
+        tracing::info!(task = %self.id, "task closed without committing");
+    }
+
     pub fn db(&self) -> Option<&TaskDb> {
         self.db.as_ref()
     }

@@ -1,0 +1,120 @@
+//! The broker goes away under load and comes back: stopped for 30 s (a restart, a rolling
+//! upgrade), then frozen for 20 s (SIGSTOP: a long GC pause, a hung host). Workers keep their
+//! processes and their state, and resume when the broker answers again: under exactly-once
+//! every key's committed count is strictly increasing and exact at the end, under
+//! at-least-once nothing is lost. A test binary of its own, because it runs (and breaks) its
+//! own broker.
+
+use anyhow::{Result, ensure};
+use eddy_e2e::*;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+const KEYS: usize = 200;
+
+fn count_app(app: &str, input: &str, output: &str, guarantee: &str) -> String {
+    format!(
+        r#"applicationId: {app}
+processingGuarantee: {guarantee}
+commitIntervalMs: 200
+memory: {{recordCache: "0"}}
+topology:
+  - from: {{topic: {input}}}
+  - count: {{store: counts}}
+  - to: {{topic: {output}, value: i64}}
+"#
+    )
+}
+
+/// Keep checking, for `d`, that both workers are still the same processes and healthy.
+fn hold(d: Duration, workers: &mut [&mut Worker]) -> Result<()> {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        for w in workers.iter_mut() {
+            ensure!(w.running(), "a worker exited:\n{}", w.logs());
+            let (healthz, _) = w.health()?;
+            ensure!(healthz.0 == 200, "/healthz: {healthz:?}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Ok(())
+}
+
+#[test]
+fn workers_survive_a_broker_restart_and_a_frozen_broker() -> Result<()> {
+    let cluster = format!("outage-{}", std::process::id());
+    let _cluster = own_cluster(1, &cluster)?;
+    let app = unique("outage");
+    let input = format!("{app}-in");
+    create_topic(&input, 4)?;
+    let (eos_out, alos_out) = (format!("{app}-eos-out"), format!("{app}-alos-out"));
+    create_topic(&eos_out, 2)?;
+    create_topic(&alos_out, 2)?;
+    let dir = tempfile::tempdir()?;
+    let mut eos = Worker::start(
+        &count_app(&format!("{app}-eos"), &input, &eos_out, "exactly_once"),
+        &dir.path().join("eos"),
+    )?;
+    let mut alos = Worker::start(
+        &count_app(&format!("{app}-alos"), &input, &alos_out, "at_least_once"),
+        &dir.path().join("alos"),
+    )?;
+    eos.wait_ready(Duration::from_secs(120))?;
+    alos.wait_ready(Duration::from_secs(120))?;
+
+    let load = Load::start(&input, KEYS, 400)?;
+    wait_until(Duration::from_secs(60), || {
+        Ok(eos.metric("eddy_records_processed_total", &[])? > 1000.0)
+    })?;
+
+    // A broker restart: down for 30 s (longer than the 30 s transaction timeout).
+    kafka_node(&cluster, 1, "stop")?;
+    hold(Duration::from_secs(30), &mut [&mut eos, &mut alos])?;
+    kafka_node(&cluster, 1, "start")?;
+    eos.wait_ready(Duration::from_secs(120))?;
+    alos.wait_ready(Duration::from_secs(120))?;
+    let processed = eos.metric("eddy_records_processed_total", &[])?;
+    wait_until(Duration::from_secs(60), || {
+        Ok(eos.metric("eddy_records_processed_total", &[])? > processed + 1000.0)
+    })?;
+
+    // A frozen broker: connections stay open, nothing answers.
+    kafka_node(&cluster, 1, "pause")?;
+    let frozen = hold(Duration::from_secs(20), &mut [&mut eos, &mut alos]);
+    kafka_node(&cluster, 1, "resume")?;
+    frozen?;
+
+    let sent = load.stop()?;
+    let total: i64 = sent.values().sum();
+    ensure!(sent.len() == KEYS, "{} keys produced", sent.len());
+    let caught_up = |out: &str, exact: bool| {
+        let out = out.to_string();
+        let sent = sent.clone();
+        move || -> Result<bool> {
+            let seen = i64_values_by_key(&out)?;
+            Ok(sent.iter().all(|(k, n)| {
+                seen.get(k)
+                    .and_then(|v| v.last())
+                    .is_some_and(|last| if exact { last == n } else { last >= n })
+            }))
+        }
+    };
+    wait_until(Duration::from_secs(240), caught_up(&eos_out, true)).map_err(|e| {
+        anyhow::anyhow!(
+            "exactly-once app did not reach the exact counts of {total} records: {e}\n{}",
+            eos.logs()
+        )
+    })?;
+    wait_until(Duration::from_secs(240), caught_up(&alos_out, false))
+        .map_err(|e| anyhow::anyhow!("at-least-once app lost records: {e}\n{}", alos.logs()))?;
+    let committed: HashMap<String, Vec<i64>> = i64_values_by_key(&eos_out)?;
+    for (k, values) in &committed {
+        ensure!(
+            values.windows(2).all(|w| w[0] < w[1]),
+            "exactly-once, key {k}: committed counts not strictly increasing: {values:?}"
+        );
+    }
+    ensure!(eos.running() && alos.running(), "both workers survived");
+    ensure!(eos.stop()? == 0 && alos.stop()? == 0);
+    Ok(())
+}
