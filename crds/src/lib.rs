@@ -7,6 +7,7 @@ pub mod resource;
 pub mod spec;
 pub mod task;
 pub mod topics;
+pub mod upgrade;
 
 pub use manifest::{AppManifest, ManifestError, parse_app};
 pub use spec::*;

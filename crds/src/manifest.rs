@@ -4,7 +4,7 @@
 use crate::spec::{AppSpec, Step};
 use crate::{API_VERSION, KIND, topics};
 use serde::Deserialize;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// A parsed and validated application.
 #[derive(Clone, Debug, PartialEq)]
@@ -127,6 +127,8 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
         ));
     }
     let mut stores = HashSet::new();
+    // Repartition topic id (step name or index) -> the groupBy that writes it.
+    let mut repartitions: HashMap<String, (usize, Option<&str>)> = HashMap::new();
     for (i, step) in spec.topology.iter().enumerate() {
         let field = f(format!("topology[{i}]"));
         match step {
@@ -162,6 +164,14 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
             Step::GroupBy(g) => {
                 if g.expr().trim().is_empty() {
                     return Err(invalid(field, "the jq expression is empty"));
+                }
+                if let Some(name) = g.name() {
+                    topics::check_name(name)
+                        .map_err(|m| invalid(format!("{field}.groupBy.name"), m))?;
+                }
+                let id = topics::repartition_id(i, g.name());
+                if let Some((j, other)) = repartitions.insert(id.clone(), (i, g.name())) {
+                    return Err(same_repartition(prefix, (j, other), (i, g.name()), &id));
                 }
             }
         }
@@ -201,6 +211,33 @@ fn check_transactions(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError>
         ));
     }
     Ok(())
+}
+
+/// Two `groupBy` steps (`a` before `b`, each with its index and name) that would write the
+/// same repartition topic; the error points at a step whose name can change.
+fn same_repartition(
+    prefix: &str,
+    a: (usize, Option<&str>),
+    b: (usize, Option<&str>),
+    id: &str,
+) -> ManifestError {
+    let topic = format!("<applicationId>-{id}-repartition");
+    let field = |i: usize| format!("{prefix}topology[{i}].groupBy.name");
+    match (a, b) {
+        ((j, Some(_)), (i, Some(_))) => invalid(
+            field(i),
+            format!(
+                "{id:?} is already the name of topology[{j}]'s groupBy: step names must be unique within the app (each names its repartition topic {topic})"
+            ),
+        ),
+        // One of the two is unnamed, so it writes the topic named after its index by default.
+        ((j, None), (i, _)) | ((i, _), (j, None)) => invalid(
+            field(i),
+            format!(
+                "{id:?} names the repartition topic {topic}, which topology[{j}]'s groupBy writes by default (it has no name): pick another name, or name topology[{j}] too"
+            ),
+        ),
+    }
 }
 
 fn check_store(seen: &mut HashSet<String>, store: &str, field: &str) -> Result<(), ManifestError> {
@@ -325,9 +362,84 @@ spec:
             e.contains("spec.transactionTimeoutMs") || e.contains("transactionTimeoutMs instead"),
             "{e}"
         );
+        let e = err("topology:\n  - from: {topic: a}\n  - groupBy: {key: '.a', nam: x}\n");
+        assert!(
+            e.contains("topology[1]") && e.contains("unknown field `nam`") && e.contains("name"),
+            "{e}"
+        );
         let e = err("topology: []\nprocessingGuarantee: exactly-once\n");
         assert!(
             e.contains("processingGuarantee") && e.contains("exactly_once"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn groupby_names_are_topic_names_and_unique() {
+        let app = |steps: &str| {
+            format!(
+                "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {{name: pv}}\nspec:\n  topology:\n  - from: {{topic: a}}\n{steps}"
+            )
+        };
+        let ok = parse_app(&app(
+            "  - groupBy: {key: '.u', name: by-user}\n  - count: {store: by-user}\n",
+        ))
+        .expect("a name may equal a store's: their topics differ");
+        match &ok.spec.topology[1] {
+            Step::GroupBy(g) => assert_eq!((g.expr(), g.name()), (".u", Some("by-user"))),
+            other => panic!("expected groupBy, got {other:?}"),
+        }
+
+        let e = err(&app("  - groupBy: {key: '.u', name: 'by user'}\n"));
+        assert!(
+            e.starts_with("spec.topology[1].groupBy.name: ") && e.contains("' '"),
+            "{e}"
+        );
+        let e = err(&app(
+            "  - groupBy: {key: '.u', name: x}\n  - count: {store: c}\n  - groupBy: {key: '.v', name: x}\n",
+        ));
+        assert!(
+            e.starts_with("spec.topology[3].groupBy.name: ")
+                && e.contains("already the name of topology[1]")
+                && e.contains("unique"),
+            "{e}"
+        );
+        // A name that is another step's index takes the topic that step writes by default,
+        // whichever comes first.
+        let e = err(&app(
+            "  - groupBy: {key: '.u', name: '3'}\n  - count: {store: c}\n  - groupBy: '.v'\n",
+        ));
+        assert!(
+            e.starts_with("spec.topology[1].groupBy.name: ")
+                && e.contains("<applicationId>-3-repartition")
+                && e.contains("topology[3]'s groupBy writes by default"),
+            "{e}"
+        );
+        let e = err(&app(
+            "  - groupBy: '.u'\n  - count: {store: c}\n  - groupBy: {key: '.v', name: '1'}\n",
+        ));
+        assert!(
+            e.starts_with("spec.topology[3].groupBy.name: ") && e.contains("topology[1]"),
+            "{e}"
+        );
+        // Its own index is no collision: it is the default made explicit. A number is a name.
+        parse_app(&app("  - groupBy: {key: '.u', name: '1'}\n")).expect("valid");
+        let e = err(&app(
+            "  - groupBy: '.u'\n  - count: {store: c}\n  - groupBy: {key: '.v', name: 1}\n",
+        ));
+        assert!(e.starts_with("spec.topology[3].groupBy.name: "), "{e}");
+        let json: crate::StatefulStreamApp = serde_json::from_str(
+            r#"{"apiVersion": "eddy.dev/v1alpha1", "kind": "StatefulStreamApp", "metadata": {"name": "pv"},
+                "spec": {"topology": [{"from": {"topic": "a"}}, {"groupBy": {"key": ".u", "name": 1}}]}}"#,
+        )
+        .expect("a number is a name in JSON too");
+        match &json.spec.topology[1] {
+            Step::GroupBy(g) => assert_eq!(g.name(), Some("1")),
+            other => panic!("expected groupBy, got {other:?}"),
+        }
+        let e = err(&app("  - groupBy: {key: '.u', name: [x]}\n"));
+        assert!(
+            e.contains("topology[1].groupBy") && e.contains("a name"),
             "{e}"
         );
     }

@@ -208,7 +208,8 @@ fn fix_formats(v: &mut Value) {
 /// One step: exactly one of the known keys. An unknown step is an undeclared field, which
 /// the API server names in its rejection (`.spec.topology[1].cont: field not declared in
 /// schema`). `groupBy` is a string or an object, which a structural schema can only leave
-/// open (and CEL cannot see); the worker validates its shape.
+/// open (and CEL cannot see); `manifest::validate` checks its shape and name (the worker at
+/// start, the operator before it creates anything).
 fn step_schema() -> Value {
     let string = json!({"type": "string", "minLength": 1});
     let format = json!({"type": "string", "enum": ["string", "json", "bytes", "i64"]});
@@ -225,7 +226,7 @@ fn step_schema() -> Value {
             "from": {"type": "object", "required": ["topic"], "properties": {"topic": topic, "key": format, "value": format}},
             "filter": string,
             "map": string,
-            "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "a jq expression, or {key: <jq>, format: FORMAT}"},
+            "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "a jq expression, or {key: <jq>, format: FORMAT, name: NAME}; the name (default: the step's index) names the repartition topic <applicationId>-<name>-repartition"},
             "count": {"type": "object", "required": ["store"], "properties": {"store": store, "inMemory": {"type": "boolean"}}},
             "aggregate": {"type": "object", "required": ["store", "initial", "add"], "properties": {
                 "store": store, "initial": string, "add": string, "inMemory": {"type": "boolean"}}},

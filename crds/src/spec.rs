@@ -264,7 +264,8 @@ pub enum Step {
     Filter(String),
     /// Replace the value by each output of the expression.
     Map(String),
-    /// Re-key by the expression's output; inserts a repartition topic.
+    /// Re-key by the expression's output; inserts a repartition topic, named after the
+    /// step's `name`, or its index when it has none.
     GroupBy(GroupBy),
     /// Count records per key into a store; emits the updated count.
     Count(CountStep),
@@ -272,6 +273,21 @@ pub enum Step {
     Aggregate(AggregateStep),
     /// Write to a topic, partitioned by Kafka's murmur2 of the key bytes.
     To(ToStep),
+}
+
+impl Step {
+    /// The step's key as users write it (`groupBy`), for messages.
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            Step::From(_) => "from",
+            Step::Filter(_) => "filter",
+            Step::Map(_) => "map",
+            Step::GroupBy(_) => "groupBy",
+            Step::Count(_) => "count",
+            Step::Aggregate(_) => "aggregate",
+            Step::To(_) => "to",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -284,8 +300,9 @@ pub struct FromStep {
     pub value: Format,
 }
 
-/// `groupBy: '.user'`, or `groupBy: {key: '.user', format: json}` to choose the key format.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+/// `groupBy: '.user'`, or `groupBy: {key: '.user', format: json, name: by-user}` to choose
+/// the key format or name the step.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
 #[serde(untagged)]
 pub enum GroupBy {
     Expr(String),
@@ -298,6 +315,34 @@ pub struct GroupByStep {
     pub key: String,
     #[serde(default = "default_key_format")]
     pub format: Format,
+    /// Names the repartition topic `<applicationId>-<name>-repartition`, so it keeps its name
+    /// when steps are inserted or removed around this one (as Kafka Streams' `Grouped.as`).
+    /// Default: the step's index, `<applicationId>-<index>-repartition`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "name_or_index"
+    )]
+    pub name: Option<String>,
+}
+
+/// A step name; a number is read as its digits, so `name: 2` (which keeps the topic an
+/// unnamed step at index 2 wrote) means the same in a YAML file and in the cluster's JSON.
+fn name_or_index<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a name (ASCII letters, digits, '.', '_', '-')")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+    }
+    d.deserialize_any(V).map(Some)
 }
 
 impl GroupBy {
@@ -312,6 +357,35 @@ impl GroupBy {
             GroupBy::Expr(_) => Format::String,
             GroupBy::Full(s) => s.format,
         }
+    }
+    /// The step's `name`, if it has one.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            GroupBy::Expr(_) => None,
+            GroupBy::Full(s) => s.name.as_deref(),
+        }
+    }
+}
+
+// By hand rather than `untagged`: an untagged enum reports any mistake in the object form as
+// "data did not match any variant", where this names the unknown or mistyped field.
+impl<'de> Deserialize<'de> for GroupBy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = GroupBy;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a jq expression, or {key: <jq>, format: FORMAT, name: NAME}")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<GroupBy, E> {
+                Ok(GroupBy::Expr(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<GroupBy, A::Error> {
+                GroupByStep::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(GroupBy::Full)
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 

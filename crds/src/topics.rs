@@ -5,9 +5,19 @@ pub fn changelog(application_id: &str, store: &str) -> String {
     format!("{application_id}-{store}-changelog")
 }
 
-/// Repartition topic written by a re-key at topology step `step` (0-based index).
-pub fn repartition(application_id: &str, step: usize) -> String {
-    format!("{application_id}-{step}-repartition")
+/// Repartition topic written by the re-key at topology step `step` (0-based index).
+pub fn repartition(application_id: &str, step: usize, name: Option<&str>) -> String {
+    format!(
+        "{application_id}-{}-repartition",
+        repartition_id(step, name)
+    )
+}
+
+/// What tells a repartition topic from the app's others: the step's `name`, so the topic
+/// keeps its name when the topology is edited around the step; else the step's index, as
+/// apps written before steps had names expect.
+pub fn repartition_id(step: usize, name: Option<&str>) -> String {
+    name.map_or_else(|| step.to_string(), str::to_string)
 }
 
 /// Dead-letter topic for records that `onError: deadLetter` sets aside.
@@ -40,8 +50,8 @@ pub struct SubLayout {
     pub stores: Vec<String>,
 }
 
-/// The sub-topologies of a declarative spec: a `groupBy` at step `i` ends one at the
-/// repartition topic `repartition(app, i)` and starts the next one reading it.
+/// The sub-topologies of a declarative spec: a `groupBy` at step `i` ends one at its
+/// repartition topic `repartition(app, i, name)` and starts the next one reading it.
 pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
     use crate::Step;
     let mut subs = Vec::new();
@@ -55,10 +65,10 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
                     stores: Vec::new(),
                 })
             }
-            Step::GroupBy(_) => {
+            Step::GroupBy(g) => {
                 subs.extend(cur.take());
                 cur = Some(SubLayout {
-                    source: repartition(application_id, i),
+                    source: repartition(application_id, i, g.name()),
                     internal: true,
                     stores: Vec::new(),
                 });
@@ -70,6 +80,81 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
     }
     subs.extend(cur);
     subs
+}
+
+/// Where an internal topic comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Origin {
+    /// Written by the `groupBy` at topology step `step`, read by the sub-topology after it.
+    Repartition {
+        step: usize,
+        group_by: crate::GroupBy,
+    },
+    /// Changelog of the store that the `count` or `aggregate` at topology step `step` defines.
+    Changelog {
+        step: usize,
+        keyword: &'static str,
+        store: String,
+    },
+    /// Where `onError: deadLetter` sets bad records aside.
+    DeadLetter,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Repartition { step, .. } => write!(f, "repartition, topology[{step}] groupBy"),
+            Origin::Changelog {
+                step,
+                keyword,
+                store,
+            } => write!(f, "changelog of store {store}, topology[{step}] {keyword}"),
+            Origin::DeadLetter => f.write_str("dead letters, onError: deadLetter"),
+        }
+    }
+}
+
+/// The name of an internal topic and the step it comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InternalName {
+    pub topic: String,
+    pub origin: Origin,
+}
+
+/// Every internal topic of an app, in topology order, with the step each comes from: the
+/// names `layout` and `plan` give, without partition counts.
+pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<InternalName> {
+    use crate::Step;
+    let mut out: Vec<InternalName> = Vec::new();
+    for (step, s) in spec.topology.iter().enumerate() {
+        let (topic, origin) = match s {
+            Step::GroupBy(g) => (
+                repartition(application_id, step, g.name()),
+                Origin::Repartition {
+                    step,
+                    group_by: g.clone(),
+                },
+            ),
+            Step::Count(crate::CountStep { store, .. })
+            | Step::Aggregate(crate::AggregateStep { store, .. }) => (
+                changelog(application_id, store),
+                Origin::Changelog {
+                    step,
+                    keyword: s.keyword(),
+                    store: store.clone(),
+                },
+            ),
+            Step::From(_) | Step::Filter(_) | Step::Map(_) | Step::To(_) => continue,
+        };
+        out.push(InternalName { topic, origin });
+    }
+    if spec.on_error == crate::OnError::DeadLetter {
+        out.push(InternalName {
+            topic: dead_letter(application_id),
+            origin: Origin::DeadLetter,
+        });
+    }
+    out
 }
 
 /// An internal topic an app needs.
@@ -150,5 +235,40 @@ mod tests {
         );
         assert_eq!(counts, [6, 6]);
         assert_eq!(plan("a", &subs, false, |_| None), Err("in".to_string()));
+    }
+
+    #[test]
+    fn named_groupbys_name_their_repartition_topics() {
+        let app = crate::parse_app(
+            "onError: deadLetter\ntopology:\n- from: {topic: in}\n- filter: '.ok'\n- groupBy: {key: '.u', name: by-user}\n- count: {store: c}\n- groupBy: '.v'\n- aggregate: {store: s, initial: '0', add: '$agg + 1'}\n",
+        )
+        .expect("valid");
+        let subs = layout("a", &app.spec);
+        let sources: Vec<&str> = subs.iter().map(|s| s.source.as_str()).collect();
+        assert_eq!(sources, ["in", "a-by-user-repartition", "a-4-repartition"]);
+        let names: Vec<String> = internal_names("a", &app.spec)
+            .iter()
+            .map(|n| format!("{} ({})", n.topic, n.origin))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "a-by-user-repartition (repartition, topology[2] groupBy)",
+                "a-c-changelog (changelog of store c, topology[3] count)",
+                "a-4-repartition (repartition, topology[4] groupBy)",
+                "a-s-changelog (changelog of store s, topology[5] aggregate)",
+                "a-dlq (dead letters, onError: deadLetter)",
+            ]
+        );
+        // The same names as the plan the operator and the worker create topics from.
+        let (planned, _) = plan("a", &subs, true, |_| Some(1)).expect("planned");
+        let mut planned: Vec<&str> = planned.iter().map(|t| t.name.as_str()).collect();
+        let mut listed: Vec<&str> = names
+            .iter()
+            .map(|n| n.split(' ').next().unwrap_or(""))
+            .collect();
+        planned.sort();
+        listed.sort();
+        assert_eq!(planned, listed);
     }
 }

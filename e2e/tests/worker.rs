@@ -526,6 +526,101 @@ fn on_error_policies() -> Result<()> {
     Ok(())
 }
 
+fn views_app(app: &str, input: &str, output: &str, before_group_by: &str) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {app}}}
+spec:
+  commitIntervalMs: 200
+  topology:
+    - from: {{topic: {input}, key: string, value: json}}
+{before_group_by}    - groupBy: {{key: '.user', name: by-user}}
+    - count: {{store: views}}
+    - to: {{topic: {output}, value: i64}}
+"#
+    )
+}
+
+/// Page views `from..from+n` for 40 users, every third one a 404; the expected count per
+/// user, with or without the 404s.
+fn views(from: usize, n: usize, with_404: bool, expected: &mut HashMap<String, i64>) -> Vec<Input> {
+    (from..from + n)
+        .map(|i| {
+            let (user, status) = (format!("u{}", i % 40), if i % 3 == 0 { 404 } else { 200 });
+            if with_404 || status == 200 {
+                *expected.entry(user.clone()).or_default() += 1;
+            }
+            let v = format!(r#"{{"user":"{user}","status":{status}}}"#);
+            (Some(format!("view-{i}").into_bytes()), Some(v.into_bytes()))
+        })
+        .collect()
+}
+
+fn counts(output: &str) -> Result<HashMap<String, i64>> {
+    latest_by_key(output)?
+        .iter()
+        .map(|(k, v)| Ok((s(k), i64_of(v)?)))
+        .collect()
+}
+
+/// A named groupBy keeps its repartition topic when a filter is inserted before it, between
+/// two runs on the same state dir: records in flight in that topic when the old version
+/// stopped are counted by the new one, and the counts stay exact.
+#[test]
+fn named_groupby_keeps_its_repartition_topic_when_a_step_is_inserted() -> Result<()> {
+    let app = unique("named");
+    let (input, output) = (format!("{app}-in"), format!("{app}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], app.clone());
+    create_topic(&input, 3)?;
+    create_topic(&output, 2)?;
+    let dir = tempfile::tempdir()?;
+    let repartition = format!("{app}-by-user-repartition");
+
+    let mut expected = HashMap::new();
+    produce(&input, &views(0, 3_000, true, &mut expected))?;
+    let mut w = Worker::start(&views_app(&app, &input, &output, ""), dir.path())?;
+    w.wait_ready(READY)?;
+    wait_until(DONE, || Ok(counts(&output)? == expected))?;
+    ensure!(w.stop()? == 0);
+
+    // Records the old version wrote to the repartition topic and had not read yet when it
+    // stopped: produced there directly, keyed and partitioned as its groupBy does.
+    let mut in_flight = HashMap::new();
+    let records: Vec<Input> = views(3_000, 600, true, &mut in_flight)
+        .into_iter()
+        .map(|(_, v)| {
+            let value: serde_json::Value =
+                serde_json::from_slice(v.as_deref().unwrap_or_default())?;
+            let user = value["user"].as_str().unwrap_or_default().to_string();
+            Ok((Some(user.into_bytes()), v))
+        })
+        .collect::<Result<_>>()?;
+    produce(&repartition, &records)?;
+    for (user, n) in in_flight {
+        *expected.entry(user).or_default() += n;
+    }
+    // The new version filters out 404s before the groupBy: it only changes what new input
+    // contributes.
+    produce(&input, &views(3_600, 3_000, false, &mut expected))?;
+    let yaml = views_app(&app, &input, &output, "    - filter: '.status == 200'\n");
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    wait_until(DONE, || Ok(counts(&output)? == expected))?;
+    ensure!(w.stop()? == 0);
+
+    let mut internal: Vec<String> = topics_with_prefix(&format!("{app}-"))?
+        .into_iter()
+        .filter(|t| t != &input && t != &output)
+        .collect();
+    internal.sort();
+    ensure!(
+        internal == [repartition, format!("{app}-views-changelog")],
+        "internal topics: {internal:?}"
+    );
+    Ok(())
+}
+
 /// A malformed app file is rejected at start with the field and what is expected.
 #[test]
 fn malformed_app_file_is_rejected_with_the_field() -> Result<()> {

@@ -2,10 +2,13 @@
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use eddy_crds::upgrade::Version;
 use eddy_worker::metrics::Metrics;
 use eddy_worker::{Overrides, Status, WorkerConfig};
+use std::io::Read as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -24,12 +27,28 @@ struct Cli {
 enum Command {
     /// Run an app: this process owns every task of it.
     Run(RunArgs),
-    /// Check an app file and print its sub-topologies and internal topics, without Kafka.
-    Check {
-        #[arg(short = 'f', long = "file")]
-        file: PathBuf,
-    },
+    /// Check an app file and print its sub-topologies and internal topics, without Kafka;
+    /// with --previous, also what updating from that version would strand or drop.
+    Check(CheckArgs),
 }
+
+#[derive(clap::Args)]
+struct CheckArgs {
+    /// The app file: a StatefulStreamApp manifest or its bare spec (YAML or JSON).
+    #[arg(short = 'f', long = "file")]
+    file: PathBuf,
+    /// The version running now, to compare internal topics with: a file, or `-` for standard
+    /// input (`kubectl get ssapp NAME -o yaml`, `git show HEAD:app.yaml`). Exit status 3 when
+    /// the update would strand records in flight or drop a store's state.
+    #[arg(long, value_name = "FILE")]
+    previous: Option<PathBuf>,
+    /// The applicationId of both versions, over the files' (as `run --application-id`).
+    #[arg(long)]
+    application_id: Option<String>,
+}
+
+/// `check --previous` found records in flight that would be stranded or state dropped.
+const EXIT_WOULD_LOSE_DATA: u8 = 3;
 
 #[derive(clap::Args)]
 struct RunArgs {
@@ -51,7 +70,7 @@ struct RunArgs {
     http_addr: Option<SocketAddr>,
 }
 
-fn main() -> std::process::ExitCode {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("EDDY_LOG").unwrap_or_else(|_| {
@@ -61,48 +80,92 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match real_main() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+    let result = match Cli::parse().command {
+        Command::Check(a) => check(a),
+        Command::Run(a) => run(a).map(|()| ExitCode::SUCCESS),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
+    let cfg = load_for_check(&a.file, a.application_id.clone())?;
+    println!("application {}", cfg.application_id);
+    for s in &cfg.topology.subtopologies {
+        println!(
+            "sub-topology {}: from {} ({} processors)",
+            s.id,
+            s.source.topic,
+            s.processors.len()
+        );
+        for st in &s.stores {
+            println!(
+                "  store {} -> {}",
+                st.name,
+                eddy_crds::topics::changelog(&cfg.application_id, &st.name)
+            );
         }
+        for sink in &s.sinks {
+            println!("  to {}", sink.topic);
+        }
+    }
+    println!("internal topics:");
+    for n in eddy_crds::topics::internal_names(&cfg.application_id, &cfg.spec) {
+        println!("  {} ({})", n.topic, n.origin);
+    }
+    let Some(previous) = a.previous else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let old =
+        load_for_check(&previous, a.application_id).context("the previous version (--previous)")?;
+    let changes = eddy_crds::upgrade::compare(
+        Version {
+            application_id: &old.application_id,
+            spec: &old.spec,
+        },
+        Version {
+            application_id: &cfg.application_id,
+            spec: &cfg.spec,
+        },
+    );
+    let shown = match previous.to_str() {
+        Some("-") => "standard input".to_string(),
+        _ => previous.display().to_string(),
+    };
+    println!("\ncompared with {shown} (the version running now):");
+    for c in &changes {
+        let label = if c.loses_data() { "warning" } else { "note" };
+        println!("{label}: {c}");
+    }
+    let losses = changes.iter().filter(|c| c.loses_data()).count();
+    if losses == 0 {
+        println!("no records in flight stranded, no state dropped");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!(
+            "{losses} change(s) would lose data in a rolling update (exit status {EXIT_WOULD_LOSE_DATA})"
+        );
+        Ok(ExitCode::from(EXIT_WOULD_LOSE_DATA))
     }
 }
 
-fn real_main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Check { file } => {
-            let cfg = WorkerConfig::load(
-                &file,
-                Overrides {
-                    bootstrap_servers: Some("unused:9092".into()),
-                    ..Default::default()
-                },
-            )?;
-            println!("application {}", cfg.application_id);
-            for s in &cfg.topology.subtopologies {
-                println!(
-                    "sub-topology {}: from {} ({} processors)",
-                    s.id,
-                    s.source.topic,
-                    s.processors.len()
-                );
-                for st in &s.stores {
-                    println!(
-                        "  store {} -> {}",
-                        st.name,
-                        eddy_crds::topics::changelog(&cfg.application_id, &st.name)
-                    );
-                }
-                for sink in &s.sinks {
-                    println!("  to {}", sink.topic);
-                }
-            }
-            Ok(())
-        }
-        Command::Run(a) => run(a),
+/// An app file as `check` reads it (`-`: standard input): valid, compiled, no Kafka needed.
+fn load_for_check(path: &Path, application_id: Option<String>) -> anyhow::Result<WorkerConfig> {
+    let o = Overrides {
+        bootstrap_servers: Some("unused:9092".into()),
+        application_id,
+        ..Default::default()
+    };
+    if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("reading the app file from standard input")?;
+        return Ok(WorkerConfig::from_text(&text, Path::new("<stdin>"), o)?);
     }
+    Ok(WorkerConfig::load(path, o)?)
 }
 
 fn run(a: RunArgs) -> anyhow::Result<()> {

@@ -148,7 +148,7 @@ impl Topology {
                 }
                 Step::GroupBy(g) => {
                     let e = compile(i, g.expr(), &["key", "ts"])?;
-                    let topic = topics::repartition(application_id, i);
+                    let topic = topics::repartition(application_id, i, g.name());
                     let (key_format, value_format) = (g.format(), vf);
                     let t = topic.clone();
                     cur = cur.processor(move || {
@@ -258,6 +258,17 @@ mod tests {
         assert_eq!(b.stores[0].name, "views");
         assert_eq!(b.stores[0].forward_to, Some(1));
         assert_eq!(b.sinks[0].topic, "out");
+    }
+
+    #[test]
+    fn a_named_rekey_writes_and_reads_the_named_topic() {
+        let app = eddy_crds::parse_app(
+            "topology:\n- from: {topic: page-views}\n- groupBy: {key: '.user', name: by-user}\n- count: {store: views}\n",
+        )
+        .expect("valid");
+        let t = Topology::from_spec("pv", &app.spec).expect("compiles");
+        assert_eq!(t.subtopologies[0].sinks[0].topic, "pv-by-user-repartition");
+        assert_eq!(t.subtopologies[1].source.topic, "pv-by-user-repartition");
     }
 
     #[test]

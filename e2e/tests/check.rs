@@ -1,0 +1,140 @@
+//! `eddy-worker check`, as a user runs it before a rolling update (no Kafka needed): the
+//! internal topics of an app, and with `--previous` what the update would strand or drop,
+//! with an exit status a CI pipeline can gate on.
+
+use anyhow::{Context, Result, ensure};
+use eddy_e2e::binary;
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Exit status of `check --previous` when the update would lose records or state.
+const WOULD_LOSE_DATA: i32 = 3;
+
+fn app(steps: &str) -> String {
+    format!(
+        "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {{name: pv}}\nspec:\n  topology:\n    - from: {{topic: page-views}}\n{steps}    - count: {{store: views}}\n    - to: {{topic: views-per-user, value: i64}}\n"
+    )
+}
+
+/// `eddy-worker check -f <new> [--previous <old>]`: (exit status, stdout, stderr). `old` of
+/// `Some("-")` with `stdin` reads the previous version from standard input.
+fn check(
+    dir: &Path,
+    new: &str,
+    previous: Option<&str>,
+    stdin: Option<&str>,
+) -> Result<(i32, String, String)> {
+    let file = dir.join("new.yaml");
+    std::fs::write(&file, new)?;
+    let mut cmd = Command::new(binary("eddy-worker")?);
+    cmd.args(["check", "-f"]).arg(&file);
+    if let Some(old) = previous {
+        if old == "-" {
+            cmd.args(["--previous", "-"]);
+        } else {
+            let old_file = dir.join("old.yaml");
+            std::fs::write(&old_file, old)?;
+            cmd.arg("--previous").arg(&old_file);
+        }
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut input = child.stdin.take().context("stdin of check")?;
+    input.write_all(stdin.unwrap_or_default().as_bytes())?;
+    drop(input);
+    let out = child.wait_with_output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    ))
+}
+
+/// A filter inserted before an unnamed groupBy renames its repartition topic: check warns
+/// with the topic, the step and the exact step that keeps it, and exits 3. With that step
+/// pasted in (or with the groupBy named in both versions), nothing is stranded: exit 0.
+#[test]
+fn check_warns_when_an_inserted_step_would_strand_records() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let old = app("    - groupBy: '.user'\n");
+    let new = app("    - filter: '.status == 200'\n    - groupBy: '.user'\n");
+
+    let (code, out, err) = check(dir.path(), &new, None, None)?;
+    ensure!(code == 0, "check without --previous: {code}\n{out}{err}");
+    ensure!(
+        out.contains("internal topics:\n  pv-2-repartition (repartition, topology[2] groupBy)\n  pv-views-changelog (changelog of store views, topology[3] count)\n"),
+        "{out}"
+    );
+
+    let (code, out, err) = check(dir.path(), &new, Some(&old), None)?;
+    ensure!(code == WOULD_LOSE_DATA, "exit {code}\n{out}{err}");
+    let warning = out
+        .lines()
+        .find(|l| l.starts_with("warning: "))
+        .with_context(|| format!("no warning in:\n{out}"))?;
+    ensure!(
+        warning.contains("pv-1-repartition")
+            && warning.contains("topology[1] groupBy")
+            && warning.contains("pv-2-repartition")
+            && warning.contains("stranded"),
+        "{warning}"
+    );
+    // The advice is a step to paste: take it from the output as a user would.
+    let fix = out
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("- groupBy:"))
+        .with_context(|| format!("no step to paste in:\n{out}"))?;
+    ensure!(fix == "- groupBy: {key: '.user', name: '1'}", "{fix}");
+    let fixed = app(&format!("    - filter: '.status == 200'\n    {fix}\n"));
+    let (code, out, err) = check(dir.path(), &fixed, Some(&old), None)?;
+    ensure!(code == 0, "exit {code} with the advice applied\n{out}{err}");
+    ensure!(
+        !out.contains("warning") && out.contains("pv-1-repartition (repartition, topology[2]"),
+        "{out}"
+    );
+
+    // Named from the start: the topic is the same in both versions, whatever is inserted.
+    let named = "groupBy: {key: '.user', name: by-user}";
+    let (old_named, new_named) = (
+        old.replace("groupBy: '.user'", named),
+        new.replace("groupBy: '.user'", named),
+    );
+    let (code, out, err) = check(dir.path(), &new_named, Some(&old_named), None)?;
+    ensure!(code == 0, "exit {code}\n{out}{err}");
+    ensure!(
+        !out.contains("warning") && out.contains("pv-by-user-repartition"),
+        "{out}"
+    );
+    Ok(())
+}
+
+/// A removed store drops its state (exit 3); the previous version can come from standard
+/// input (`kubectl get ssapp pv -o yaml | eddy-worker check -f app.yaml --previous -`); an
+/// invalid previous version is an error (exit 1) naming it.
+#[test]
+fn check_reports_dropped_state_and_reads_the_previous_version_from_stdin() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let old = app("    - groupBy: {key: '.user', name: by-user}\n");
+    let new = old.replace("store: views", "store: views-v2");
+    let (code, out, err) = check(dir.path(), &new, Some("-"), Some(&old))?;
+    ensure!(code == WOULD_LOSE_DATA, "exit {code}\n{out}{err}");
+    ensure!(
+        out.contains(
+            "warning: store views (old topology[2]) is not in the new version: its state is dropped"
+        ) && out.contains("views-v2 start empty"),
+        "{out}"
+    );
+
+    let (code, out, err) = check(dir.path(), &new, Some("-"), Some("topology: []\n"))?;
+    ensure!(code == 1, "exit {code}\n{out}{err}");
+    ensure!(
+        err.contains("previous version") && err.contains("topology"),
+        "{err}"
+    );
+    Ok(())
+}
