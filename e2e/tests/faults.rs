@@ -243,20 +243,56 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Write zeros into `file` until the filesystem is full.
-fn fill(file: &Path) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(file)?;
-    let chunk = vec![0u8; 1 << 20];
-    loop {
-        match f.write_all(&chunk) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-            Err(e) => return Err(e.into()),
-        }
+/// Another process filling the disk: keeps taking every byte that gets free (RocksDB frees
+/// some when it deletes obsolete files) until stopped, then deletes its file.
+struct Filler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+    file: std::path::PathBuf,
+}
+
+impl Filler {
+    fn start(file: &Path) -> Result<Filler> {
+        use std::io::Write;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mut f = std::fs::File::create(file)?;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || -> Result<()> {
+            let chunk = vec![0u8; 64 << 10];
+            while !flag.load(Ordering::Relaxed) {
+                match f.write(&chunk) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(())
+        });
+        Ok(Filler {
+            stop,
+            thread: Some(thread),
+            file: file.to_path_buf(),
+        })
     }
-    let _ = f.sync_all();
-    Ok(())
+
+    fn stop(mut self) -> Result<()> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join()
+                .map_err(|_| anyhow::anyhow!("the filler thread panicked"))??;
+        }
+        std::fs::remove_file(&self.file)?;
+        Ok(())
+    }
+}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// The state directory's disk fills up while the worker processes: it stops processing,
@@ -282,8 +318,9 @@ fn a_full_state_disk_pauses_processing_until_space_returns() -> Result<()> {
                 let pad: String = (0..256)
                     .map(|j| format!("{:08x}", (i * 7919 + j * 104_729) % 0xffff_ffff))
                     .collect();
+                // A key per record: every record adds 2 KB to the store.
                 (
-                    Some(format!("k{}", i % 1000).into_bytes()),
+                    Some(format!("k{i}").into_bytes()),
                     Some(format!("{{\"pad\":\"{pad}\"}}").into_bytes()),
                 )
             })
@@ -315,16 +352,23 @@ fn a_full_state_disk_pauses_processing_until_space_returns() -> Result<()> {
         Ok(w.metric("eddy_records_processed_total", &[])? >= 2000.0)
     })?;
 
-    let filler = state.join("filler");
-    fill(&filler)?;
+    let filler = Filler::start(&state.join("filler"))?;
     produce(&input, &records(2000, 20_000))?;
+    // It keeps trying, and keeps failing while the disk stays full.
     wait_until(DONE, || {
         Ok(w.metric(
             "eddy_recoveries_total",
             &["reason=\"StateStoreUnavailable\""],
-        )? >= 1.0)
+        )? >= 3.0)
     })
-    .with_context(|| format!("the full disk must be noticed:\n{}", w.logs()))?;
+    .with_context(|| {
+        format!(
+            "the full disk must be noticed ({:?} records processed, {:?} bytes free):\n{}",
+            w.metric("eddy_records_processed_total", &[]),
+            free_bytes(&state),
+            w.logs()
+        )
+    })?;
     ensure!(w.running(), "the worker keeps its process:\n{}", w.logs());
     ensure!(
         w.logs().contains("No space left on device"),
@@ -337,12 +381,12 @@ fn a_full_state_disk_pauses_processing_until_space_returns() -> Result<()> {
         "{readyz:?}"
     );
 
-    std::fs::remove_file(&filler)?;
+    filler.stop()?;
     ensure!(free_bytes(&state)? > 32 << 20, "space is back");
     w.wait_ready(READY)?;
     wait_until(DONE, || {
         let c = counts(&output)?;
-        Ok(c.len() == 1000 && c.values().all(|n| *n == 22))
+        Ok(c.len() == 22_000 && c.values().all(|n| *n == 1))
     })
     .with_context(|| format!("exact counts after the disk recovered:\n{}", w.logs()))?;
     ensure!(w.stop()? == 0);
