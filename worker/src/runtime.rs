@@ -339,13 +339,7 @@ impl Manager<'_> {
         }
         let mut added = self.create(&new)?;
         self.report_tasks(&added);
-        let restored = restore::restore(
-            self.cfg,
-            &mut added,
-            &self.resources,
-            &self.metrics,
-            &self.status,
-        )?;
+        let restored = restore::restore(self.cfg, &mut added, &self.metrics, &self.status)?;
         if let Ok(mut r) = self.status.restored.lock() {
             *r = restored;
         }
