@@ -129,8 +129,9 @@ pub struct Reconciled {
     /// Stores that had a family but are no longer persistent stores of this task (removed,
     /// renamed or now in memory): their family and checkpoint are gone.
     pub dropped: Vec<String>,
-    /// Stores whose family held data without a checkpoint (a drop or rebuild interrupted by a
-    /// crash): emptied, so they restore their whole changelog.
+    /// Stores whose family held data without a checkpoint (a drop interrupted by a crash, the
+    /// store added back before the next start finished it): emptied, so they restore their
+    /// whole changelog.
     pub cleared: Vec<String>,
 }
 

@@ -146,7 +146,7 @@ impl Task {
         }
         for store in &changed.cleared {
             tracing::warn!(task = %id, %store,
-                "store held data without a checkpoint (interrupted drop or rebuild): cleared; it restores its whole changelog");
+                "store held data without a checkpoint (left by an interrupted drop): cleared; it restores its whole changelog");
         }
         let stores = sub
             .stores
