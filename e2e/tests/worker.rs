@@ -1,6 +1,7 @@
 //! End-to-end tests of `eddy-worker` on a real Kafka broker: what a user of the engine would
 //! notice — correct results, restarts that replay only the tail, exactly-once under crashes,
-//! rebuilt state after a truncated changelog, and each `onError` policy.
+//! rebuilt state after a truncated changelog, stores edited between runs, and each `onError`
+//! policy.
 
 use anyhow::{Context, Result, ensure};
 use eddy_e2e::*;
@@ -425,12 +426,15 @@ fn truncated_changelog_rebuilds_the_task() -> Result<()> {
     let mut w = Worker::start(&yaml, dir.path())?;
     w.wait_ready(READY)?;
     ensure!(
-        w.metric("eddy_tasks_rebuilt_total", &["task=\"0_0\""])? == 1.0,
+        w.metric(
+            "eddy_stores_rebuilt_total",
+            &["task=\"0_0\"", "store=\"counts\""]
+        )? == 1.0,
         "task 0_0 must be rebuilt:\n{}",
         w.logs()
     );
     ensure!(
-        w.metric("eddy_tasks_rebuilt_total", &["task=\"0_1\""])? == 0.0,
+        w.metric("eddy_stores_rebuilt_total", &["task=\"0_1\""])? == 0.0,
         "task 0_1 is covered by its changelog"
     );
     ensure!(w.logs().contains("wiping"), "the rebuild is logged");
@@ -438,6 +442,214 @@ fn truncated_changelog_rebuilds_the_task() -> Result<()> {
     wait_until(DONE, || {
         Ok(w.metric("eddy_records_processed_total", &[])? >= 100.0)
     })?;
+    ensure!(w.stop()? == 0);
+    Ok(())
+}
+
+/// A store of a two-store topology (see [`two_store_app`]): its name and whether it is in memory.
+struct StoreSpec<'a>(&'a str, bool);
+
+/// `count`, then an `aggregate` of the count's updates, in ONE sub-topology (so one task with
+/// two stores), writing `{"n": updates the aggregate folded, "last": the count}` as JSON; with
+/// `stats: None` the count goes straight to the output. The record cache is off so each input
+/// record is exactly one update of each store.
+fn two_store_app(
+    app: &str,
+    input: &str,
+    output: &str,
+    count: StoreSpec<'_>,
+    stats: Option<StoreSpec<'_>>,
+) -> String {
+    let stats = stats.map_or(String::new(), |StoreSpec(name, mem)| {
+        format!(
+            "  - aggregate: {{store: {name}, inMemory: {mem}, initial: '{{n: 0, last: 0}}', add: '{{n: ($agg.n + 1), last: .}}'}}\n"
+        )
+    });
+    format!(
+        r#"applicationId: {app}
+commitIntervalMs: 200
+memory: {{recordCache: "0"}}
+topology:
+  - from: {{topic: {input}}}
+  - count: {{store: {}, inMemory: {}}}
+{stats}  - to: {{topic: {output}, value: json}}
+"#,
+        count.0, count.1
+    )
+}
+
+/// Wait until the output's latest value of every key `k0..k{keys}` is `expected`.
+fn await_outputs(w: &Worker, output: &str, keys: usize, expected: serde_json::Value) -> Result<()> {
+    let mut last = HashMap::new();
+    let ok = wait_until(DONE, || {
+        last = latest_by_key(output)?
+            .into_iter()
+            .map(|(k, v)| (s(&k), serde_json::from_slice(&v).unwrap_or_default()))
+            .collect::<HashMap<String, serde_json::Value>>();
+        Ok((0..keys).all(|k| last.get(&format!("k{k}")) == Some(&expected)))
+    });
+    ok.with_context(|| {
+        format!(
+            "expected {expected} for every key, got {:?}\n{}",
+            last.get("k0"),
+            w.logs()
+        )
+    })
+}
+
+/// Stores renamed, moved to memory and back, and removed between runs on the same state
+/// directory: every run starts, gets ready and continues each store from the right value; a
+/// renamed store starts from zero (its changelog is new).
+#[test]
+fn store_edits_between_runs_keep_the_state_of_the_stores_that_remain() -> Result<()> {
+    let app = unique("edits");
+    let (input, output) = (format!("{app}-in"), format!("{app}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], app.clone());
+    create_topic(&input, 1)?;
+    create_topic(&output, 1)?;
+    let dir = tempfile::tempdir()?;
+    let task_dir = dir.path().join("state").join(&app).join("0_0");
+    let (keys, per_run) = (10, 50);
+    let run = |yaml: String, expected: serde_json::Value, log: &[&str]| -> Result<()> {
+        produce(&input, &keyed(keys * per_run, keys))?;
+        let mut w = Worker::start(&yaml, dir.path())?;
+        w.wait_ready(READY)?;
+        await_outputs(&w, &output, keys, expected)?;
+        for l in log {
+            ensure!(w.logs().contains(l), "log must say {l:?}:\n{}", w.logs());
+        }
+        ensure!(w.stop()? == 0);
+        Ok(())
+    };
+    let both = |count, stats| two_store_app(&app, &input, &output, count, Some(stats));
+    let dropped = "is no longer in the topology (removed or renamed)";
+
+    run(
+        both(StoreSpec("counts", false), StoreSpec("stats", false)),
+        serde_json::json!({"n": 50, "last": 50}),
+        &[],
+    )?;
+    // Renamed: `tally` has a new, empty changelog and counts from zero; `stats` goes on.
+    run(
+        both(StoreSpec("tally", false), StoreSpec("stats", false)),
+        serde_json::json!({"n": 100, "last": 50}),
+        &[dropped, "store=counts", &format!("{app}-counts-changelog")],
+    )?;
+    // To memory while `stats` stays in RocksDB: restored from its changelog.
+    run(
+        both(StoreSpec("tally", true), StoreSpec("stats", false)),
+        serde_json::json!({"n": 150, "last": 100}),
+        &["store is now in memory", "store=tally"],
+    )?;
+    // Back to RocksDB: a new family that restores the whole changelog.
+    run(
+        both(StoreSpec("tally", false), StoreSpec("stats", false)),
+        serde_json::json!({"n": 200, "last": 150}),
+        &[],
+    )?;
+    // `stats` removed.
+    run(
+        two_store_app(&app, &input, &output, StoreSpec("tally", false), None),
+        serde_json::json!(200),
+        &[dropped, "store=stats"],
+    )?;
+    ensure!(task_dir.exists(), "tally is still persistent");
+    // The last persistent store moves to memory: the task's RocksDB directory goes.
+    run(
+        two_store_app(&app, &input, &output, StoreSpec("tally", true), None),
+        serde_json::json!(250),
+        &["removed its RocksDB directory"],
+    )?;
+    ensure!(
+        !task_dir.exists(),
+        "{} must be removed: no persistent store is left",
+        task_dir.display()
+    );
+    Ok(())
+}
+
+/// A task with two stores whose SECOND changelog (in restore order) was truncated past its
+/// checkpoint: only that store is rebuilt; the first keeps its full state.
+#[test]
+fn truncated_changelog_rebuilds_only_its_store() -> Result<()> {
+    truncated_second_changelog(false)
+}
+
+/// The same with the first store in memory: restored before the rebuild, it is not emptied.
+#[test]
+fn truncated_changelog_keeps_an_in_memory_store_of_the_task() -> Result<()> {
+    truncated_second_changelog(true)
+}
+
+fn truncated_second_changelog(count_in_memory: bool) -> Result<()> {
+    let app = unique("trunc2");
+    let (input, output) = (format!("{app}-in"), format!("{app}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], app.clone());
+    create_topic(&input, 1)?;
+    create_topic(&output, 1)?;
+    // Changelogs restore in name order: `counts` before `stats`.
+    let yaml = two_store_app(
+        &app,
+        &input,
+        &output,
+        StoreSpec("counts", count_in_memory),
+        Some(StoreSpec("stats", false)),
+    );
+    let dir = tempfile::tempdir()?;
+    let keys = 10;
+    produce(&input, &keyed(500, keys))?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    await_outputs(&w, &output, keys, serde_json::json!({"n": 50, "last": 50}))?;
+    ensure!(w.stop()? == 0);
+    let behind = tempfile::tempdir()?;
+    copy_dir(&dir.path().join("state"), &behind.path().join("state"))?;
+
+    produce(&input, &keyed(500, keys))?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    await_outputs(
+        &w,
+        &output,
+        keys,
+        serde_json::json!({"n": 100, "last": 100}),
+    )?;
+    ensure!(w.stop()? == 0);
+
+    // `stats` loses its whole changelog; the state dir goes back to the first run's, so its
+    // checkpoint is below the changelog's start while `counts`' is still covered.
+    let changelog = format!("{app}-stats-changelog");
+    let end = changelog_end(&changelog)?;
+    set_topic_config(&changelog, "cleanup.policy", "compact,delete")?;
+    delete_records(&changelog, 0, end)?;
+    std::fs::remove_dir_all(dir.path().join("state"))?;
+    copy_dir(&behind.path().join("state"), &dir.path().join("state"))?;
+
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    produce(&input, &keyed(100, keys))?;
+    // `counts` continues from 100; `stats` restarts from what its changelog kept: nothing.
+    await_outputs(&w, &output, keys, serde_json::json!({"n": 10, "last": 110}))?;
+    ensure!(
+        w.metric(
+            "eddy_stores_rebuilt_total",
+            &["task=\"0_0\"", "store=\"stats\""]
+        )? == 1.0,
+        "stats must be rebuilt:\n{}",
+        w.logs()
+    );
+    ensure!(
+        w.metric(
+            "eddy_stores_rebuilt_total",
+            &["task=\"0_0\"", "store=\"counts\""]
+        )? == 0.0,
+        "counts is covered by its changelog"
+    );
+    ensure!(
+        w.logs().contains("wiping this store's local state"),
+        "the rebuild is logged:\n{}",
+        w.logs()
+    );
     ensure!(w.stop()? == 0);
     Ok(())
 }

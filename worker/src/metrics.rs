@@ -71,7 +71,7 @@ pub struct Metrics {
     pub cache_misses: Family<StoreLabels, Counter>,
     pub consumer_lag: Family<PartitionLabels, Gauge>,
     pub bad_records: Family<OutcomeLabels, Counter>,
-    pub tasks_rebuilt: Family<TaskLabels, Counter>,
+    pub stores_rebuilt: Family<StoreLabels, Counter>,
     pub recoveries: Family<ReasonLabels, Counter>,
 }
 
@@ -98,7 +98,7 @@ impl Metrics {
             cache_misses: Family::default(),
             consumer_lag: Family::default(),
             bad_records: Family::default(),
-            tasks_rebuilt: Family::default(),
+            stores_rebuilt: Family::default(),
             recoveries: Family::default(),
             registry: Registry::default(),
         };
@@ -165,9 +165,9 @@ impl Metrics {
             m.bad_records.clone(),
         );
         r.register(
-            "tasks_rebuilt",
-            "Tasks whose state was wiped and rebuilt because the changelog no longer covered it",
-            m.tasks_rebuilt.clone(),
+            "stores_rebuilt",
+            "Store shards emptied and rebuilt because their changelog no longer covered their checkpoint",
+            m.stores_rebuilt.clone(),
         );
         r.register(
             "recoveries",

@@ -1,14 +1,15 @@
 //! Restore: before a task processes anything, bring each of its stores up to the end of its
 //! changelog, starting from the checkpoint stored with the data, so a restart on the same
 //! state directory replays only the tail. A checkpoint the changelog no longer covers (topic
-//! deleted or truncated) means the local state cannot be trusted: the task's state is wiped
-//! and rebuilt from what the changelog still has, counted in a metric, and the worker goes on.
+//! deleted or truncated) means that store's local state cannot be trusted: that store alone is
+//! emptied and rebuilt from what its changelog still has, counted in a metric, and the worker
+//! goes on. The task's other stores keep their state: each is checked against its own changelog.
 
 use crate::cache::{Backend, Changes};
 use crate::config::WorkerConfig;
-use crate::metrics::{Metrics, StoreLabels, TaskLabels};
+use crate::metrics::{Metrics, StoreLabels};
 use crate::runtime::Status;
-use crate::store::{self, Change, StateResources, StoreError, TaskDb};
+use crate::store::{Change, StoreError};
 use crate::task::{Task, TaskState};
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -100,7 +101,6 @@ impl Pending {
 pub fn restore(
     cfg: &WorkerConfig,
     tasks: &mut [Task],
-    resources: &StateResources,
     metrics: &Metrics,
     status: &Status,
 ) -> Result<Restored, RestoreError> {
@@ -171,14 +171,14 @@ pub fn restore(
             if let Some(c) = checkpoint
                 && (c > high || c < low)
             {
-                tracing::warn!(task = %t.id, changelog = %changelog, partition = p, checkpoint = c, low, high,
-                    "changelog no longer covers the local state: wiping the task's state and rebuilding it");
-                rebuild(t, resources)
-                    .map_err(|source| RestoreError::Store { task: t.id, source })?;
+                tracing::warn!(task = %t.id, store = %t.stores[si].name, changelog = %changelog, partition = p, checkpoint = c, low, high,
+                    "changelog no longer covers the store's checkpoint: wiping this store's local state and rebuilding it from what the changelog has (the task's other stores are kept)");
+                rebuild(t, si).map_err(|source| RestoreError::Store { task: t.id, source })?;
                 metrics
-                    .tasks_rebuilt
-                    .get_or_create(&TaskLabels {
+                    .stores_rebuilt
+                    .get_or_create(&StoreLabels {
                         task: t.id.to_string(),
+                        store: t.stores[si].name.clone(),
                     })
                     .inc();
                 checkpoint = None;
@@ -315,23 +315,15 @@ fn apply(t: &mut Task, si: usize, batch: Changes, next: i64) -> Result<(), Store
     )
 }
 
-/// Wipe a task's local state and open it empty.
-fn rebuild(t: &mut Task, resources: &StateResources) -> Result<(), StoreError> {
-    for s in &mut t.stores {
-        if let Backend::Memory(m) = &mut s.backend {
+/// Empty one store of a task (data and checkpoint together); its other stores are untouched.
+fn rebuild(t: &mut Task, si: usize) -> Result<(), StoreError> {
+    let s = &mut t.stores[si];
+    match (&mut s.backend, &t.db) {
+        (Backend::Memory(m), _) => {
             *m = Default::default();
+            Ok(())
         }
+        (Backend::Rocks, Some(db)) => db.clear(&s.name),
+        (Backend::Rocks, None) => Ok(()),
     }
-    let Some(db) = t.db.take() else { return Ok(()) };
-    let path = db.path().to_path_buf();
-    drop(db);
-    store::wipe(&path)?;
-    let names: Vec<String> = t
-        .stores
-        .iter()
-        .filter(|s| !s.is_in_memory())
-        .map(|s| s.name.clone())
-        .collect();
-    t.db = Some(TaskDb::open(resources, &path, &names)?);
-    Ok(())
 }

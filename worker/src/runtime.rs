@@ -608,13 +608,7 @@ impl Manager<'_> {
         let (topics, producer) = self.ensure_started()?;
         let mut added = self.create(&new, &topics, &producer)?;
         self.report_tasks(&added);
-        let restored = restore::restore(
-            self.cfg,
-            &mut added,
-            &self.resources,
-            &self.metrics,
-            &self.status,
-        )?;
+        let restored = restore::restore(self.cfg, &mut added, &self.metrics, &self.status)?;
         if let Ok(mut r) = self.status.restored.lock() {
             *r = restored;
         }

@@ -4,6 +4,10 @@
 //! memtables through a write-buffer manager) and one background thread pool, so memory is
 //! bounded per process rather than per shard. In-memory stores are a `BTreeMap` restored
 //! from the changelog at every start.
+//!
+//! The families on disk follow the topology, not the other way round: opening a task's
+//! database drops the families (and checkpoints) of stores the topology no longer has here, so
+//! renaming, removing or moving a store to memory never stops a task from opening.
 
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, Env, FlushOptions, Options, WriteBatch,
@@ -13,6 +17,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 const META_CF: &str = "eddy-meta";
+/// RocksDB's own family, always present: it cannot be dropped, only emptied.
+const DEFAULT_CF: &str = rocksdb::DEFAULT_COLUMN_FAMILY_NAME;
+const CHECKPOINT_PREFIX: &[u8] = b"checkpoint/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -32,6 +39,8 @@ pub enum StoreError {
     Unknown(String),
     #[error("corrupt checkpoint for store {store:?} in {path}")]
     Checkpoint { store: String, path: PathBuf },
+    #[error("store name {0:?} is reserved for eddy's checkpoints: rename the store")]
+    Reserved(String),
 }
 
 impl StoreError {
@@ -133,25 +142,52 @@ pub struct Change<'a> {
     pub value: Option<&'a [u8]>,
 }
 
+/// What opening a task's database changed so that its families match the topology.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Stores that had a family but are no longer persistent stores of this task (removed,
+    /// renamed or now in memory): their family and checkpoint are gone.
+    pub dropped: Vec<String>,
+    /// Stores whose family held data without a checkpoint (a drop interrupted by a crash, the
+    /// store added back before the next start finished it): emptied, so they restore their
+    /// whole changelog.
+    pub cleared: Vec<String>,
+}
+
 impl TaskDb {
-    pub fn open(res: &StateResources, path: &Path, stores: &[String]) -> Result<Self, StoreError> {
+    /// Open (or create) a task's database with a family for each of `stores`, dropping the
+    /// families of stores that are no longer there.
+    pub fn open(
+        res: &StateResources,
+        path: &Path,
+        stores: &[String],
+    ) -> Result<(Self, Reconciled), StoreError> {
+        if let Some(s) = stores.iter().find(|s| *s == META_CF) {
+            return Err(StoreError::Reserved(s.clone()));
+        }
         std::fs::create_dir_all(path).map_err(|source| StoreError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        let cfs = stores
+        let existing = existing_families(res, path)?;
+        // RocksDB refuses to open a database without naming every family it has.
+        let mut names: Vec<&str> = stores.iter().map(String::as_str).collect();
+        names.push(META_CF);
+        for e in &existing {
+            if !names.contains(&e.as_str()) {
+                names.push(e);
+            }
+        }
+        let cfs = names
             .iter()
-            .map(String::as_str)
-            .chain([META_CF])
-            .map(|n| ColumnFamilyDescriptor::new(n, res.cf_options()));
+            .map(|n| ColumnFamilyDescriptor::new(*n, res.cf_options()));
         let db = DB::open_cf_descriptors(&res.db_options(), path, cfs).map_err(|source| {
             StoreError::Rocks {
                 path: path.to_path_buf(),
                 source,
             }
         })?;
-        let write = WriteOptions::default();
-        Ok(Self {
+        let mut db = Self {
             db,
             path: path.to_path_buf(),
             families: stores
@@ -159,8 +195,80 @@ impl TaskDb {
                 .cloned()
                 .chain([META_CF.to_string()])
                 .collect(),
-            write,
-        })
+            write: WriteOptions::default(),
+        };
+        let reconciled = db.reconcile(&existing, stores)?;
+        Ok((db, reconciled))
+    }
+
+    /// Make the families and checkpoints on disk match `stores`. A checkpoint is only valid
+    /// next to the data it describes, so checkpoints go first and families after: a crash in
+    /// between leaves families without checkpoints, which the next open clears or drops.
+    fn reconcile(
+        &mut self,
+        existing: &[String],
+        stores: &[String],
+    ) -> Result<Reconciled, StoreError> {
+        let mut out = Reconciled::default();
+        let kept = |s: &str| stores.iter().any(|w| w == s) && existing.iter().any(|e| e == s);
+        let mut batch = WriteBatch::default();
+        let meta = self.cf(META_CF)?;
+        let mut it = self.db.raw_iterator_cf(meta);
+        it.seek(CHECKPOINT_PREFIX);
+        while let Some(key) = it.key().filter(|k| k.starts_with(CHECKPOINT_PREFIX)) {
+            let store = String::from_utf8_lossy(&key[CHECKPOINT_PREFIX.len()..]);
+            if !kept(&store) {
+                batch.delete_cf(meta, key);
+            }
+            it.next();
+        }
+        self.rocks(it.status())?;
+        drop(it);
+        for s in stores.iter().filter(|s| kept(s)) {
+            if self.checkpoint(s)?.is_none() && self.clear_into(&mut batch, s)? {
+                out.cleared.push(s.clone());
+            }
+        }
+        // `default` cannot be dropped: a store of that name that is gone is emptied instead.
+        if !stores.iter().any(|s| s == DEFAULT_CF) && self.clear_into(&mut batch, DEFAULT_CF)? {
+            out.dropped.push(DEFAULT_CF.to_string());
+        }
+        self.rocks(self.db.write_opt(batch, &self.write))?;
+        for e in existing {
+            if e != META_CF && e != DEFAULT_CF && !stores.contains(e) {
+                let dropped = self.db.drop_cf(e);
+                self.rocks(dropped)?;
+                out.dropped.push(e.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Remove the database of a task that has no persistent store any more. Opening it first
+    /// takes RocksDB's lock, so a database another process uses is never deleted. Returns the
+    /// stores whose families it held.
+    pub fn remove(res: &StateResources, path: &Path) -> Result<Vec<String>, StoreError> {
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        let existing = existing_families(res, path)?;
+        if !existing.is_empty() {
+            let cfs = existing
+                .iter()
+                .map(|n| ColumnFamilyDescriptor::new(n, res.cf_options()));
+            let db = DB::open_cf_descriptors(&res.db_options(), path, cfs).map_err(|source| {
+                StoreError::Rocks {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
+            drop(db);
+        }
+        wipe(path)?;
+        Ok(existing
+            .into_iter()
+            .filter(|f| f != META_CF && f != DEFAULT_CF)
+            .collect())
     }
 
     pub fn path(&self) -> &Path {
@@ -224,6 +332,31 @@ impl TaskDb {
         self.rocks(self.db.write_opt(batch, &self.write))
     }
 
+    /// Empty a store and delete its checkpoint in one batch: it then restores its changelog
+    /// from the start, as a new store would.
+    pub fn clear(&self, store: &str) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        self.clear_into(&mut batch, store)?;
+        batch.delete_cf(self.cf(META_CF)?, checkpoint_key(store));
+        self.rocks(self.db.write_opt(batch, &self.write))
+    }
+
+    /// Add a deletion of every key of `store` to `batch`; false if it has none.
+    fn clear_into(&self, batch: &mut WriteBatch, store: &str) -> Result<bool, StoreError> {
+        let cf = self.cf(store)?;
+        let mut it = self.db.raw_iterator_cf(cf);
+        it.seek_to_last();
+        self.rocks(it.status())?;
+        let Some(last) = it.key() else {
+            return Ok(false);
+        };
+        // The empty key is the smallest; the last key followed by a 0 byte the next one after it.
+        let mut end = last.to_vec();
+        end.push(0);
+        batch.delete_range_cf(cf, Vec::new(), end);
+        Ok(true)
+    }
+
     /// Persist memtables (all families at once) so a clean restart replays nothing.
     pub fn flush(&self) -> Result<(), StoreError> {
         let names = self
@@ -256,11 +389,22 @@ impl TaskDb {
 }
 
 fn checkpoint_key(store: &str) -> Vec<u8> {
-    format!("checkpoint/{store}").into_bytes()
+    [CHECKPOINT_PREFIX, store.as_bytes()].concat()
 }
 
-/// Remove a task's state directory, e.g. before rebuilding it from a changelog.
-pub fn wipe(path: &Path) -> Result<(), StoreError> {
+/// The families of the database at `path`; none if there is no database yet.
+fn existing_families(res: &StateResources, path: &Path) -> Result<Vec<String>, StoreError> {
+    if !path.join("CURRENT").exists() {
+        return Ok(Vec::new());
+    }
+    DB::list_cf(&res.db_options(), path).map_err(|source| StoreError::Rocks {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Remove a task's state directory.
+fn wipe(path: &Path) -> Result<(), StoreError> {
     match std::fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -288,7 +432,7 @@ mod tests {
         let res = StateResources::new(8 << 20).expect("resources");
         let stores = vec!["counts".to_string()];
         {
-            let db = TaskDb::open(&res, dir.path(), &stores).expect("open");
+            let (db, _) = TaskDb::open(&res, dir.path(), &stores).expect("open");
             assert_eq!(db.checkpoint("counts").expect("read"), None);
             db.write(
                 [(
@@ -303,9 +447,209 @@ mod tests {
             .expect("write");
             db.flush().expect("flush");
         }
-        let db = TaskDb::open(&res, dir.path(), &stores).expect("reopen");
+        let (db, changed) = TaskDb::open(&res, dir.path(), &stores).expect("reopen");
+        assert_eq!(
+            changed,
+            Reconciled::default(),
+            "same stores: nothing to change"
+        );
         assert_eq!(db.get("counts", b"a").expect("get"), Some(b"1".to_vec()));
         assert_eq!(db.checkpoint("counts").expect("read"), Some(42));
         assert!(matches!(db.get("nope", b"a"), Err(StoreError::Unknown(_))));
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Write `key` = `value` to each store with checkpoint `offset`, as a commit would.
+    fn commit(db: &TaskDb, stores: &[&str], key: &[u8], value: &[u8], offset: i64) {
+        db.write(
+            stores.iter().map(|s| {
+                (
+                    *s,
+                    Change {
+                        key,
+                        value: Some(value),
+                    },
+                )
+            }),
+            stores.iter().map(|s| (*s, offset)),
+        )
+        .expect("write");
+        db.flush().expect("flush");
+    }
+
+    fn families(dir: &Path) -> Vec<String> {
+        let mut f = DB::list_cf(&Options::default(), dir).expect("list");
+        f.sort();
+        f
+    }
+
+    #[test]
+    fn a_removed_store_is_dropped_and_a_returning_one_starts_empty() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        {
+            let (db, _) = TaskDb::open(&res, dir.path(), &names(&["a", "b"])).expect("open");
+            commit(&db, &["a", "b"], b"k", b"v", 7);
+        }
+        {
+            // `a` removed (or now in memory): RocksDB would refuse to open without naming it.
+            let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["b"])).expect("open");
+            assert_eq!(changed.dropped, names(&["a"]));
+            assert!(changed.cleared.is_empty());
+            assert_eq!(db.get("b", b"k").expect("get"), Some(b"v".to_vec()));
+            assert_eq!(
+                db.checkpoint("b").expect("read"),
+                Some(7),
+                "b kept as it was"
+            );
+            assert_eq!(
+                db.checkpoint("a").expect("read"),
+                None,
+                "a's checkpoint dropped"
+            );
+            db.flush().expect("flush");
+        }
+        assert_eq!(families(dir.path()), names(&["b", "default", META_CF]));
+        // `a` back (switched back from memory): a new, empty family with no checkpoint, so it
+        // restores its whole changelog.
+        let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["a", "b"])).expect("open");
+        assert_eq!(changed, Reconciled::default());
+        assert_eq!(db.get("a", b"k").expect("get"), None);
+        assert_eq!(db.checkpoint("a").expect("read"), None);
+        assert_eq!(db.checkpoint("b").expect("read"), Some(7));
+    }
+
+    #[test]
+    fn a_renamed_store_starts_empty_under_its_new_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        {
+            let (db, _) = TaskDb::open(&res, dir.path(), &names(&["old"])).expect("open");
+            commit(&db, &["old"], b"k", b"v", 3);
+        }
+        {
+            let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["new"])).expect("open");
+            assert_eq!(changed.dropped, names(&["old"]));
+            assert_eq!(db.get("new", b"k").expect("get"), None);
+            assert_eq!(db.checkpoint("new").expect("read"), None);
+            assert_eq!(db.checkpoint("old").expect("read"), None);
+        }
+        // Renamed back: the old data is gone for good, the store restores from its changelog.
+        let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["old"])).expect("open");
+        assert_eq!(changed.dropped, names(&["new"]));
+        assert_eq!(db.get("old", b"k").expect("get"), None);
+        assert_eq!(db.checkpoint("old").expect("read"), None);
+    }
+
+    #[test]
+    fn checkpoints_and_data_that_do_not_go_together_are_discarded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        {
+            let (db, _) = TaskDb::open(&res, dir.path(), &names(&["a"])).expect("open");
+            // As a crash between dropping a checkpoint and its family can leave them: data
+            // without a checkpoint, and a checkpoint of a store that has no family.
+            db.write(
+                [(
+                    "a",
+                    Change {
+                        key: b"k",
+                        value: Some(b"stale"),
+                    },
+                )],
+                [("b", 9)],
+            )
+            .expect("write");
+            db.flush().expect("flush");
+        }
+        let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["a", "b"])).expect("open");
+        assert_eq!(changed.cleared, names(&["a"]));
+        assert_eq!(
+            db.get("a", b"k").expect("get"),
+            None,
+            "untrusted data cleared"
+        );
+        assert_eq!(
+            db.checkpoint("b").expect("read"),
+            None,
+            "no family, no checkpoint"
+        );
+    }
+
+    #[test]
+    fn clear_empties_one_store_and_keeps_the_others() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        {
+            let (db, _) = TaskDb::open(&res, dir.path(), &names(&["a", "b"])).expect("open");
+            commit(&db, &["a", "b"], b"k1", b"v", 5);
+            commit(&db, &["a", "b"], &[0xff, 0xff], b"v", 6);
+            commit(&db, &["a", "b"], b"", b"v", 7);
+            db.clear("b").expect("clear");
+            db.clear("b").expect("clearing an empty store is fine");
+            db.flush().expect("flush");
+        }
+        let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["a", "b"])).expect("open");
+        assert_eq!(changed, Reconciled::default());
+        for k in [&b"k1"[..], &[0xff, 0xff], b""] {
+            assert_eq!(db.get("a", k).expect("get"), Some(b"v".to_vec()));
+            assert_eq!(db.get("b", k).expect("get"), None);
+        }
+        assert_eq!(db.checkpoint("a").expect("read"), Some(7));
+        assert_eq!(db.checkpoint("b").expect("read"), None);
+    }
+
+    #[test]
+    fn a_store_named_default_is_emptied_when_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        {
+            let (db, _) = TaskDb::open(&res, dir.path(), &names(&["default"])).expect("open");
+            commit(&db, &["default"], b"k", b"v", 2);
+        }
+        {
+            let (_, changed) = TaskDb::open(&res, dir.path(), &names(&["x"])).expect("open");
+            assert_eq!(changed.dropped, names(&["default"]));
+        }
+        let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["default"])).expect("open");
+        assert_eq!(changed.dropped, names(&["x"]));
+        assert!(changed.cleared.is_empty(), "emptied already");
+        assert_eq!(db.get("default", b"k").expect("get"), None);
+        assert_eq!(db.checkpoint("default").expect("read"), None);
+    }
+
+    #[test]
+    fn remove_deletes_the_database_unless_another_process_holds_it() {
+        let parent = tempfile::tempdir().expect("tempdir");
+        let dir = parent.path().join("0_0");
+        let res = StateResources::new(8 << 20).expect("resources");
+        assert!(
+            TaskDb::remove(&res, &dir)
+                .expect("nothing there")
+                .is_empty()
+        );
+        let (db, _) = TaskDb::open(&res, &dir, &names(&["a"])).expect("open");
+        commit(&db, &["a"], b"k", b"v", 1);
+        assert!(
+            TaskDb::remove(&res, &dir).is_err(),
+            "the database is open: RocksDB's lock protects it"
+        );
+        assert!(dir.join("CURRENT").exists());
+        drop(db);
+        assert_eq!(TaskDb::remove(&res, &dir).expect("remove"), names(&["a"]));
+        assert!(!dir.exists());
+    }
+
+    #[test]
+    fn the_metadata_family_name_is_reserved() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        let err = TaskDb::open(&res, dir.path(), &names(&["a", META_CF]))
+            .err()
+            .expect("refused");
+        assert!(matches!(err, StoreError::Reserved(_)), "{err}");
     }
 }

@@ -9,7 +9,7 @@ use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, OutcomeLabels, StoreLabels, TaskLabels, TaskStateLabel};
 use crate::processor::{Context, ProcessError, Processor};
 use crate::record::{Data, Origin, Record};
-use crate::store::{Change, MemoryStore, StateResources, StoreError, TaskDb};
+use crate::store::{Change, MemoryStore, Reconciled, StateResources, StoreError, TaskDb};
 use crate::topology::SubTopology;
 use eddy_crds::{OnError, TaskId, topics};
 use prometheus_client::metrics::counter::Counter;
@@ -113,14 +113,41 @@ impl Task {
             .filter(|s| !s.in_memory)
             .map(|s| s.name.clone())
             .collect();
-        let db = if persistent.is_empty() {
-            None
-        } else {
-            Some(
-                TaskDb::open(resources, &cfg.task_dir(id), &persistent)
-                    .map_err(|source| TaskError::Store { task: id, source })?,
+        let dir = cfg.task_dir(id);
+        let store_err = |source| TaskError::Store { task: id, source };
+        // The stores on disk follow the topology: families of stores edited out of it (or
+        // moved to memory) are dropped, so an edited app starts without anyone deleting volumes.
+        let (db, changed) = if persistent.is_empty() {
+            let dropped = TaskDb::remove(resources, &dir).map_err(store_err)?;
+            if !dropped.is_empty() {
+                tracing::info!(task = %id, path = %dir.display(),
+                    "no persistent store left in this task: removed its RocksDB directory");
+            }
+            (
+                None,
+                Reconciled {
+                    dropped,
+                    cleared: Vec::new(),
+                },
             )
+        } else {
+            let (db, changed) = TaskDb::open(resources, &dir, &persistent).map_err(store_err)?;
+            (Some(db), changed)
         };
+        for store in &changed.dropped {
+            let changelog = topics::changelog(&cfg.application_id, store);
+            if sub.stores.iter().any(|s| &s.name == store) {
+                tracing::info!(task = %id, %store, %changelog,
+                    "store is now in memory: dropped its RocksDB family and checkpoint; it restores from its changelog");
+            } else {
+                tracing::warn!(task = %id, %store, %changelog,
+                    "store is no longer in the topology (removed or renamed): dropped its local state and checkpoint; its changelog topic is left in Kafka (delete it if the store is gone for good)");
+            }
+        }
+        for store in &changed.cleared {
+            tracing::warn!(task = %id, %store,
+                "store held data without a checkpoint (left by an interrupted drop): cleared; it restores its whole changelog");
+        }
         let stores = sub
             .stores
             .iter()
