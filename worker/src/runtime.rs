@@ -233,21 +233,7 @@ pub fn run(
     metrics: Arc<Metrics>,
     status: Arc<Status>,
 ) -> Result<(), RuntimeError> {
-    let consumer: BaseConsumer<LagReporter> = cfg
-        .client_config_with(&[
-            ("statistics.interval.ms", "5000"),
-            // librdkafka waits a whole second (its default) before fetching again for a
-            // partition whose queue was full; a busy task drains it in milliseconds.
-            ("fetch.queue.backoff.ms", "10"),
-            ("queued.max.messages.kbytes", "16384"),
-            ("fetch.max.bytes", "52428800"),
-        ])
-        .set("group.id", &cfg.application_id)
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .create_with_context(LagReporter(metrics.clone()))
-        .map_err(kafka("creating the consumer"))?;
+    let consumer = input_consumer(cfg, &metrics)?;
     let mut m = Manager {
         cfg,
         topics: None,
@@ -285,6 +271,28 @@ pub fn run(
             Err(e)
         }
     }
+}
+
+/// The consumer of the input partitions (manually assigned, offsets committed to the app's
+/// group).
+fn input_consumer(
+    cfg: &WorkerConfig,
+    metrics: &Arc<Metrics>,
+) -> Result<BaseConsumer<LagReporter>, RuntimeError> {
+    cfg.client_config_with(&[
+        ("statistics.interval.ms", "5000"),
+        // librdkafka waits a whole second (its default) before fetching again for a
+        // partition whose queue was full; a busy task drains it in milliseconds.
+        ("fetch.queue.backoff.ms", "10"),
+        ("queued.max.messages.kbytes", "16384"),
+        ("fetch.max.bytes", "52428800"),
+    ])
+    .set("group.id", &cfg.application_id)
+    .set("enable.auto.commit", "false")
+    .set("auto.offset.reset", "earliest")
+    .set("isolation.level", "read_committed")
+    .create_with_context(LagReporter(metrics.clone()))
+    .map_err(kafka("creating the consumer"))
 }
 
 /// Back-off between recoveries: short for a blip, at most 10 s while something stays down.
@@ -373,11 +381,11 @@ impl Manager<'_> {
         for t in std::mem::take(&mut self.tasks) {
             t.close_dirty();
         }
-        if let Ok(assigned) = self.consumer.assignment()
-            && assigned.count() > 0
-            && let Err(e) = self.consumer.incremental_unassign(&assigned)
-        {
-            tracing::warn!("unassigning input partitions: {e}");
+        // A new consumer too: after every broker went away, librdkafka's consumer can stay
+        // unable to reach the group coordinator for good (offset fetches time out forever).
+        match input_consumer(self.cfg, &self.metrics) {
+            Ok(c) => self.consumer = c,
+            Err(e) => tracing::warn!("re-creating the consumer: {e}"),
         }
         self.topics = None;
         self.stale = true;

@@ -57,7 +57,9 @@ impl StoreError {
                     | rocksdb::ErrorKind::Incomplete
             ),
             StoreError::Io { .. } => true,
-            StoreError::Unknown(_) | StoreError::Checkpoint { .. } => false,
+            StoreError::Unknown(_) | StoreError::Checkpoint { .. } | StoreError::Reserved(_) => {
+                false
+            }
         }
     }
 }
