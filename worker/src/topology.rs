@@ -8,6 +8,7 @@ use crate::steps;
 use eddy_crds::spec::{AppSpec, Step};
 use eddy_crds::{Format, topics};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Makes a fresh processor for each task.
 pub type ProcessorSupplier = Arc<dyn Fn() -> Box<dyn Processor> + Send + Sync>;
@@ -131,8 +132,14 @@ impl Topology {
             },
         );
         let (mut kf, mut vf) = (from.key, from.value);
+        let budget = Duration::from_millis(
+            spec.expression_timeout_ms
+                .unwrap_or(eddy_crds::manifest::DEFAULT_EXPRESSION_TIMEOUT_MS),
+        );
         let compile = |step: usize, src: &str, vars: &[&str]| {
-            Expr::compile(src, vars).map_err(|source| TopologyError::Expr { step, source })
+            Expr::compile(src, vars)
+                .map(|e| e.with_time_budget(budget))
+                .map_err(|source| TopologyError::Expr { step, source })
         };
         for (i, step) in spec.topology.iter().enumerate().skip(1) {
             match step {
