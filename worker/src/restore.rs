@@ -221,6 +221,7 @@ pub fn restore(
             if status.shutdown.load(Ordering::Relaxed) {
                 return Err(RestoreError::Interrupted);
             }
+            status.beat();
             let (p, done) = match consumer.poll(Duration::from_millis(200)) {
                 None => continue,
                 Some(Err(KafkaError::PartitionEOF(p))) => (p, true),

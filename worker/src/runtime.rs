@@ -75,9 +75,20 @@ pub struct Status {
     /// Reports sent to the app's status so far (under the operator), and a signal for each.
     pub reports_sent: Mutex<u64>,
     pub report_sent: std::sync::Condvar,
+    /// When the processing thread last made progress, in ms since the UNIX epoch (0: not
+    /// started); `/healthz` fails when it is older than `livenessTimeoutMs`.
+    pub heartbeat: std::sync::atomic::AtomicU64,
 }
 
 impl Status {
+    /// The processing thread made progress: called once per turn of its loops.
+    pub fn beat(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.heartbeat.store(now, Ordering::Relaxed);
+    }
+
     /// Under the operator, wait (at most `timeout`) until the status reporter has sent the
     /// current report; standalone, return at once.
     pub fn await_report(&self, timeout: Duration) {
@@ -222,6 +233,7 @@ impl Manager<'_> {
         let mut route = Router::new(&self.tasks);
         let mut next_commit = Instant::now() + self.cfg.commit_interval;
         while !self.status.shutdown.load(Ordering::Relaxed) {
+            self.status.beat();
             if let Some((generation, ids)) = self.wanted() {
                 self.change(generation, &ids)?;
                 route = Router::new(&self.tasks);
