@@ -267,6 +267,51 @@ mod tests {
         assert_eq!(b.sinks[0].topic, "out");
     }
 
+    /// `expressionTimeoutMs` reaches the expressions: a record that loops fails after it,
+    /// as a bad record.
+    #[test]
+    fn expressions_get_the_time_budget_of_the_spec() {
+        use crate::processor::{Context, ProcessError, Sink};
+        use crate::record::{Data, Record};
+        struct NoSink;
+        impl Sink for NoSink {
+            fn send(
+                &mut self,
+                _: &str,
+                _: Option<i32>,
+                _: Option<&[u8]>,
+                _: Option<&[u8]>,
+                _: i64,
+            ) -> Result<(), ProcessError> {
+                Ok(())
+            }
+        }
+        let app = eddy_crds::parse_app(
+            "expressionTimeoutMs: 50\ntopology:\n- from: {topic: a, value: json}\n- filter: '.step as $s | .n | until(. > 10; . + $s)'\n",
+        )
+        .expect("valid");
+        let t = Topology::from_spec("x", &app.spec).expect("compiles");
+        let mut filter = (t.subtopologies[0].processors[0])();
+        let (mut sink, mut out) = (NoSink, Vec::new());
+        let mut ctx = Context {
+            stores: &mut [],
+            db: None,
+            sink: &mut sink,
+            out: &mut out,
+        };
+        let looping = Record {
+            key: None,
+            value: Some(Data::raw(br#"{"n": 0, "step": 0}"#, Format::Json)),
+            timestamp: 0,
+        };
+        match filter.process(looping, &mut ctx) {
+            Err(ProcessError::BadRecord(m)) => {
+                assert!(m.contains("exceeded its time budget of 50 ms"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_bad_expression_names_its_step() {
         let app = eddy_crds::parse_app("topology:\n- from: {topic: a}\n- filter: '.a ==('\n")
