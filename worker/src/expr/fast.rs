@@ -341,7 +341,19 @@ fn key<'a>(lx: &mut SliceLexer<'a>) -> Option<&'a [u8]> {
 /// nested document must not overflow the stack. `depth` is the nesting the value sits at;
 /// `None` if the value is malformed or nests deeper than [`MAX_DEPTH`] (then jaq's path
 /// reports why).
+#[inline]
 fn skip_value(lx: &mut SliceLexer<'_>, depth: usize) -> Option<()> {
+    match lx.ws_peek()? {
+        b'[' | b'{' => skip_nested(lx, depth),
+        b'"' => lx.discarded().str_ignore().ok(),
+        b'0'..=b'9' | b'-' => lx.num_ignore().validate().ok().map(|_| ()),
+        b'a'..=b'z' => lx.null_or_bool().map(|_| ()),
+        _ => None,
+    }
+}
+
+/// [`skip_value`] for an array or object.
+fn skip_nested(lx: &mut SliceLexer<'_>, depth: usize) -> Option<()> {
     // One bit per open container: set for an object, clear for an array.
     let mut open = [0u64; MAX_DEPTH.div_ceil(64)];
     let mut depth_here = 0usize;
