@@ -97,9 +97,38 @@ pub fn parse_app(text: &str) -> Result<AppManifest, ManifestError> {
     })
 }
 
+/// `expressionTimeoutMs` when the spec does not set it.
+pub const DEFAULT_EXPRESSION_TIMEOUT_MS: u64 = 1000;
+/// `livenessTimeoutMs` when the spec does not set it.
+pub const DEFAULT_LIVENESS_TIMEOUT_MS: u64 = 300_000;
+/// Shortest `livenessTimeoutMs` accepted: shorter would restart workers during ordinary pauses.
+pub const MIN_LIVENESS_TIMEOUT_MS: u64 = 10_000;
+
 /// Checks a structural schema cannot express: step order, unique stores, legal names.
 pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
     let f = |s: String| format!("{prefix}{s}");
+    let expression = spec
+        .expression_timeout_ms
+        .unwrap_or(DEFAULT_EXPRESSION_TIMEOUT_MS);
+    if expression == 0 {
+        return Err(invalid(
+            f("expressionTimeoutMs".into()),
+            "must be at least 1",
+        ));
+    }
+    let liveness = spec
+        .liveness_timeout_ms
+        .unwrap_or(DEFAULT_LIVENESS_TIMEOUT_MS);
+    if liveness < MIN_LIVENESS_TIMEOUT_MS || liveness <= expression {
+        return Err(invalid(
+            f("livenessTimeoutMs".into()),
+            format!(
+                "must be at least {MIN_LIVENESS_TIMEOUT_MS} and more than expressionTimeoutMs \
+                 ({expression}), got {liveness}: a worker is restarted when its processing \
+                 thread makes no progress for that long"
+            ),
+        ));
+    }
     if let Some(id) = &spec.application_id {
         topics::check_name(id).map_err(|m| invalid(f("applicationId".into()), m))?;
     }
@@ -441,6 +470,38 @@ spec:
         assert!(
             e.contains("topology[1].groupBy") && e.contains("a name"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn evaluation_and_liveness_timeouts() {
+        let app = |extra: &str| format!("{extra}\ntopology:\n  - from: {{topic: a}}\n");
+        let spec = parse_app(&app("expressionTimeoutMs: 250\nlivenessTimeoutMs: 60000"))
+            .expect("valid")
+            .spec;
+        assert_eq!(spec.expression_timeout_ms, Some(250));
+        assert_eq!(spec.liveness_timeout_ms, Some(60_000));
+        let e = err(&app("expressionTimeoutMs: 0"));
+        assert!(
+            e.contains("expressionTimeoutMs") && e.contains("at least 1"),
+            "{e}"
+        );
+        let e = err(&app("livenessTimeoutMs: 5000"));
+        assert!(
+            e.contains("livenessTimeoutMs") && e.contains("at least 10000"),
+            "{e}"
+        );
+        // The default liveness timeout (5 min) must exceed an expression timeout of 10 min.
+        let e = err(&app("expressionTimeoutMs: 600000"));
+        assert!(
+            e.contains("livenessTimeoutMs") && e.contains("(600000)"),
+            "{e}"
+        );
+        assert!(
+            parse_app(&app(
+                "expressionTimeoutMs: 600000\nlivenessTimeoutMs: 900000"
+            ))
+            .is_ok()
         );
     }
 }

@@ -79,6 +79,17 @@ pub struct AppSpec {
     /// What to do with a record that cannot be decoded or whose expression fails.
     #[serde(default)]
     pub on_error: OnError,
+    /// Milliseconds one evaluation of a jq expression may take on one record (default 1000).
+    /// A record that makes an expression run longer (say, a loop its data never ends) fails,
+    /// and `onError` decides what happens to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expression_timeout_ms: Option<u64>,
+    /// Milliseconds the processing thread may make no progress before the worker's `/healthz`
+    /// fails, so that Kubernetes restarts the pod (default 300000). Must exceed every
+    /// legitimate pause (a long commit, a restore batch, waiting for Kafka) and
+    /// `expressionTimeoutMs`; at least 10000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_timeout_ms: Option<u64>,
     /// CPU and memory of each worker container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,

@@ -851,3 +851,112 @@ fn malformed_app_file_is_rejected_with_the_field() -> Result<()> {
     ensure!(err.contains("topology[1]") && err.contains("stor"), "{err}");
     Ok(())
 }
+
+fn hostile_app(app: &str, input: &str, output: &str) -> String {
+    format!(
+        r#"applicationId: {app}
+onError: skip
+commitIntervalMs: 200
+topology:
+  - from: {{topic: {input}, key: string, value: json}}
+  - filter: '.ok == true'
+  - filter: '.step as $s | 0 | until(. >= 3; . + $s) | . >= 3'
+  - count: {{store: counts}}
+  - to: {{topic: {output}, value: i64}}
+"#
+    )
+}
+
+/// Hostile records among normal ones, under `onError: skip`: a document nested 200k deep
+/// (which overflowed the stack of the direct evaluator), invalid UTF-8, truncated JSON, and a
+/// record on which an expression never ends (`until` with a step of 0), which fails after the
+/// default time budget. The same worker process skips exactly those, stays ready and healthy,
+/// and counts the rest exactly.
+#[test]
+fn hostile_records_are_skipped_and_the_worker_survives() -> Result<()> {
+    let app = unique("hostile");
+    let (input, output) = (format!("{app}-in"), format!("{app}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], app.clone());
+    create_topic(&input, 1)?;
+    create_topic(&output, 1)?;
+
+    let normal = |i: usize| -> Input {
+        let ok = !i.is_multiple_of(4);
+        (
+            Some(format!("user-{}", i % 7).into_bytes()),
+            Some(format!(r#"{{"ok":{ok},"step":1,"i":{i}}}"#).into_bytes()),
+        )
+    };
+    let mut expected: HashMap<String, i64> = HashMap::new();
+    for i in 0..600usize {
+        if !i.is_multiple_of(4) {
+            *expected.entry(format!("user-{}", i % 7)).or_default() += 1;
+        }
+    }
+    let deep = 200_000;
+    let hostile: Vec<Input> = vec![
+        (
+            Some(b"user-0".to_vec()),
+            Some(
+                format!(
+                    r#"{{"deep":{}{},"ok":true,"step":1}}"#,
+                    "[".repeat(deep),
+                    "]".repeat(deep)
+                )
+                .into_bytes(),
+            ),
+        ),
+        (
+            Some(b"user-1".to_vec()),
+            Some(b"{\"ok\":true,\"step\":1,\"name\":\"caf\xc3\"}".to_vec()),
+        ),
+        (
+            Some(b"user-2".to_vec()),
+            Some(br#"{"ok":true,"step":1,"na"#.to_vec()),
+        ),
+        (
+            Some(b"user-3".to_vec()),
+            Some(br#"{"ok":true,"step":0}"#.to_vec()),
+        ),
+    ];
+    // Hostile records spread among the normal ones.
+    let mut records = Vec::new();
+    for i in 0..600 {
+        if i % 150 == 75 {
+            records.push(hostile[i / 150].clone());
+        }
+        records.push(normal(i));
+    }
+    produce(&input, &records)?;
+
+    let dir = tempfile::tempdir()?;
+    let mut w = Worker::start(&hostile_app(&app, &input, &output), dir.path())?;
+    w.wait_ready(READY)?;
+    let pid = w.pid();
+    let counts = || -> Result<HashMap<String, i64>> {
+        latest_by_key(&output)?
+            .into_iter()
+            .map(|(k, v)| Ok((s(&k), i64_of(&v)?)))
+            .collect()
+    };
+    wait_until(DONE, || Ok(counts()? == expected))?;
+    wait_until(DONE, || {
+        Ok(w.metric("eddy_bad_records_total", &["outcome=\"skip\""])? == hostile.len() as f64)
+    })?;
+    ensure!(w.pid() == pid, "the same worker process");
+    ensure!(
+        http_get(&w.http, "/readyz")?.0 == 200 && http_get(&w.http, "/healthz")?.0 == 200,
+        "the worker is still ready and healthy:\n{}",
+        w.logs()
+    );
+    let logs = w.logs();
+    ensure!(
+        logs.contains("nested deeper than")
+            && logs.contains("not valid UTF-8")
+            && logs.contains("not valid JSON")
+            && logs.contains("exceeded its time budget of 1000 ms"),
+        "each skipped record is logged with its reason:\n{logs}"
+    );
+    ensure!(w.stop()? == 0, "SIGTERM must exit 0:\n{}", w.logs());
+    Ok(())
+}

@@ -62,6 +62,11 @@ pub struct WorkerConfig {
     /// Exactly-once: the producer's `transaction.timeout.ms`.
     pub transaction_timeout: Duration,
     pub on_error: OnError,
+    /// How long one evaluation of a jq expression may take (`expressionTimeoutMs`).
+    pub expression_timeout: Duration,
+    /// How long the processing thread may make no progress before `/healthz` fails
+    /// (`livenessTimeoutMs`).
+    pub liveness_timeout: Duration,
     /// Bytes for RocksDB (block cache incl. memtables) and for the record cache.
     pub rocksdb_bytes: usize,
     pub record_cache_bytes: usize,
@@ -159,6 +164,14 @@ impl WorkerConfig {
                 .state_dir
                 .unwrap_or_else(|| PathBuf::from("/tmp/eddy-state")),
             on_error: spec.on_error,
+            expression_timeout: Duration::from_millis(
+                spec.expression_timeout_ms
+                    .unwrap_or(eddy_crds::manifest::DEFAULT_EXPRESSION_TIMEOUT_MS),
+            ),
+            liveness_timeout: Duration::from_millis(
+                spec.liveness_timeout_ms
+                    .unwrap_or(eddy_crds::manifest::DEFAULT_LIVENESS_TIMEOUT_MS),
+            ),
             guarantee,
             commit_interval,
             transaction_timeout,

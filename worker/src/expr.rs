@@ -8,15 +8,27 @@
 //!
 //! Deliberate differences from a stock jq/jaq: `env` is not available (expressions must not read
 //! the worker's environment, which holds credentials), `input`/`inputs` do not exist (one record
-//! in, outputs out), and `halt`/`halt_error` fail the expression instead of exiting the process.
+//! in, outputs out), `import`/`include`/`module` directives are refused, and `halt`/`halt_error`
+//! fail the expression instead of exiting the process.
+//!
+//! Evaluation is bounded, so that one hostile record cannot hang or crash the worker: each
+//! evaluation has a time budget ([`Expr::with_time_budget`], default [`DEFAULT_TIME_BUDGET`])
+//! and a share of the thread's native stack (see [`budget`] and [`instrument`]), JSON text is
+//! nested at most [`crate::format::MAX_DEPTH`] levels (records, `fromjson`, `tojson`), and
+//! one evaluation yields at most [`MAX_OUTPUTS`] values. Exceeding any of them is an error
+//! for that record, which `onError` handles.
 
+pub mod budget;
 mod fast;
+mod instrument;
 
 pub use fast::Input;
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::time::Duration;
 
-use jaq_core::load::{self, Arena, File, Loader, lex};
+use jaq_core::load::parse::{Def, Term};
+use jaq_core::load::{self, Arena, File, Lexer, Loader, Parser, lex};
 use jaq_core::{Ctx, Vars, compile, data};
 use jaq_json::Num;
 pub use jaq_json::Val;
@@ -36,6 +48,13 @@ pub const MAX_OUTPUTS: usize = 1 << 20;
 /// Longest runtime error message kept, in characters.
 const MAX_MESSAGE: usize = 1000;
 
+/// Time one evaluation of an expression may take unless the app says otherwise
+/// (`spec.expressionTimeoutMs`).
+pub const DEFAULT_TIME_BUDGET: Duration = Duration::from_secs(1);
+
+/// The definition the user's (rewritten) expression becomes; the program calls it.
+const MAIN: &str = "__eddy_expression";
+
 /// Why an expression could not be compiled or evaluated.
 #[derive(Debug, thiserror::Error)]
 pub enum ExprError {
@@ -54,6 +73,20 @@ pub enum ExprError {
     /// [`Expr::run`] hit [`MAX_OUTPUTS`].
     #[error("jq expression `{expr}` produced more than {MAX_OUTPUTS} values")]
     TooManyValues { expr: String },
+    /// Evaluation ran longer than the expression's time budget.
+    #[error(
+        "jq expression `{expr}` exceeded its time budget of {budget_ms} ms on this record: it \
+         loops on this data, or needs more work than the budget allows (if the work is \
+         legitimate, raise spec.expressionTimeoutMs)"
+    )]
+    TimeBudget { expr: String, budget_ms: u128 },
+    /// Evaluation recursed deeper than its share of the native stack.
+    #[error(
+        "jq expression `{expr}` recursed too deeply on this record (it needed more than \
+         {stack_kib} KiB of native stack): a recursion that does not end, or one as deep as \
+         the data"
+    )]
+    StackBudget { expr: String, stack_kib: usize },
     /// The caller passed a different number of variable values than it declared at compile time.
     #[error("jq expression `{expr}` was compiled with {expected} variables but run with {got}")]
     VarCount {
@@ -68,7 +101,10 @@ pub enum ExprError {
 /// Cloning is a reference-count increment, so each task can own a copy. `Expr` is `Send + Sync`:
 /// the compiled program holds only owned strings, term indices and function pointers.
 #[derive(Clone)]
-pub struct Expr(Arc<Compiled>);
+pub struct Expr {
+    compiled: Arc<Compiled>,
+    budget: Duration,
+}
 
 struct Compiled {
     filter: Filter,
@@ -76,11 +112,13 @@ struct Compiled {
     fast: Option<fast::Fast>,
     source: String,
     vars: usize,
+    /// How evaluations of this expression are reported (see [`budget::current`]).
+    id: usize,
 }
 
 impl std::fmt::Debug for Expr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Expr").field(&self.0.source).finish()
+        f.debug_tuple("Expr").field(&self.compiled.source).finish()
     }
 }
 
@@ -98,20 +136,35 @@ impl Expr {
         }
         let globals: Vec<String> = vars.iter().map(|v| format!("${v}")).collect();
 
-        let defs = jaq_core::defs()
+        // The expression is parsed here rather than by jaq's loader, so that it can be
+        // rewritten for the budget (see `instrument`) before it is compiled. It becomes the
+        // last definition of the standard library, and the program calls it.
+        let main = parse_term(src).map_err(|()| fail(parse_errors(src)))?;
+        let library: Vec<_> = jaq_core::defs()
             .chain(jaq_std::defs())
-            .chain(jaq_json::defs());
+            .chain(jaq_json::defs())
+            .collect();
+        let (lib, user) = instrument::Instrument::new(&library, &main);
+        let defs = library.into_iter().map(|d| lib.def(d)).chain([Def {
+            name: MAIN,
+            args: Vec::new(),
+            body: user.term(main),
+        }]);
         let funs = jaq_core::funs::<Data>()
             .chain(jaq_std::funs())
             .chain(jaq_json::funs())
-            .filter(|(name, _, _)| !EXCLUDED_NATIVES.contains(name));
+            .filter(|(name, args, _)| {
+                !EXCLUDED_NATIVES.contains(name)
+                    && !instrument::REPLACED.contains(&(*name, args.len()))
+            })
+            .chain(instrument::natives());
 
         let arena = Arena::default();
         let modules = Loader::new(defs)
             .load(
                 &arena,
                 File {
-                    code: src,
+                    code: MAIN,
                     path: (),
                 },
             )
@@ -122,12 +175,27 @@ impl Expr {
             .compile(modules)
             .map_err(|errs| fail(compile_errors(src, errs)))?;
 
-        Ok(Expr(Arc::new(Compiled {
-            filter,
-            fast: fast::Fast::compile(src, vars),
-            source: src.to_owned(),
-            vars: vars.len(),
-        })))
+        Ok(Expr {
+            compiled: Arc::new(Compiled {
+                filter,
+                fast: fast::Fast::compile(src, vars),
+                source: src.to_owned(),
+                vars: vars.len(),
+                id: budget::register(src),
+            }),
+            budget: DEFAULT_TIME_BUDGET,
+        })
+    }
+
+    /// The same expression with `budget` as the time one evaluation may take.
+    pub fn with_time_budget(mut self, budget: Duration) -> Expr {
+        self.budget = budget;
+        self
+    }
+
+    /// The time one evaluation may take.
+    pub fn time_budget(&self) -> Duration {
+        self.budget
     }
 
     /// All outputs of the filter for `input`, with `vars` bound positionally; the first runtime error aborts.
@@ -136,7 +204,7 @@ impl Expr {
         self.each(input, vars, |v| {
             if out.len() == MAX_OUTPUTS {
                 return Err(ExprError::TooManyValues {
-                    expr: self.0.source.clone(),
+                    expr: self.compiled.source.clone(),
                 });
             }
             out.push(v);
@@ -154,24 +222,24 @@ impl Expr {
         self.each(input, vars, |v| {
             if first.is_some() {
                 return Err(ExprError::ManyValues {
-                    expr: self.0.source.clone(),
+                    expr: self.compiled.source.clone(),
                 });
             }
             first = Some(v);
             Ok(())
         })?;
         first.ok_or_else(|| ExprError::NoValue {
-            expr: self.0.source.clone(),
+            expr: self.compiled.source.clone(),
         })
     }
 
     /// The one output computed directly from `input` (see [`fast`]), or `None` when the
     /// expression or the value needs jaq: then call [`Expr::one`] or [`Expr::run`].
     pub fn fast(&self, input: Input<'_>, vars: &[Val]) -> Option<Val> {
-        if vars.len() != self.0.vars {
+        if vars.len() != self.compiled.vars {
             return None;
         }
-        let f = self.0.fast.as_ref()?;
+        let f = self.compiled.fast.as_ref()?;
         // A record that does not decode must fail as it does under jaq, even when the
         // expression would not look at it.
         if let Input::Json(doc) = input
@@ -185,7 +253,7 @@ impl Expr {
 
     /// The expression's source text, as given to [`Expr::compile`].
     pub fn source(&self) -> &str {
-        &self.0.source
+        &self.compiled.source
     }
 
     /// Feeds each output to `f` until the stream ends or `f` or the filter fails.
@@ -198,7 +266,7 @@ impl Expr {
         vars: &[Val],
         mut f: impl FnMut(Val) -> Result<(), ExprError>,
     ) -> Result<(), ExprError> {
-        let compiled = &*self.0;
+        let compiled = &*self.compiled;
         if vars.len() != compiled.vars {
             return Err(ExprError::VarCount {
                 expr: compiled.source.clone(),
@@ -206,15 +274,33 @@ impl Expr {
                 got: vars.len(),
             });
         }
+        let eval = budget::Evaluation::start(self.budget, compiled.id);
         let ctx = Ctx::<Data>::new(&compiled.filter.lut, Vars::new(vars.iter().cloned()));
+        let mut result = Ok(());
         for y in compiled.filter.id.run((ctx, input)) {
-            let v = y.map_err(|exn| ExprError::Runtime {
-                expr: compiled.source.clone(),
-                message: exception_message(exn),
-            })?;
-            f(v)?;
+            result = match y {
+                Ok(v) => f(v),
+                Err(exn) => Err(ExprError::Runtime {
+                    expr: compiled.source.clone(),
+                    message: exception_message(exn),
+                }),
+            };
+            if result.is_err() {
+                break;
+            }
         }
-        Ok(())
+        // A bound beats whatever the evaluation made of the exception that stopped it.
+        match eval.exceeded() {
+            Some(budget::Exceeded::Time) => Err(ExprError::TimeBudget {
+                expr: compiled.source.clone(),
+                budget_ms: self.budget.as_millis(),
+            }),
+            Some(budget::Exceeded::Stack) => Err(ExprError::StackBudget {
+                expr: compiled.source.clone(),
+                stack_kib: eval.stack_room() >> 10,
+            }),
+            None => result,
+        }
     }
 }
 
@@ -258,24 +344,48 @@ fn is_ident(name: &str) -> bool {
 
 /// The message of a jq exception the way jq prints it: a string error is shown raw, any other
 /// error value as JSON followed by "(not a string)". Type errors quote the offending value,
-/// which may be a whole record, so messages are cut at [`MAX_MESSAGE`] characters.
+/// which may be a whole record (or a value jq nested deeper than any record), so messages are
+/// rendered only up to [`MAX_MESSAGE`] characters.
 fn exception_message(exn: jaq_core::Exn<'_, Val>) -> String {
-    let mut message = match exn.get_err() {
-        Ok(err) => match err.into_val() {
-            Val::TStr(s) | Val::BStr(s) => String::from_utf8_lossy(&s).into_owned(),
-            v => format!("{v} (not a string)"),
-        },
+    use crate::format::shorten;
+    match exn.get_err() {
+        // `error(v)` carries `v`; jaq's own errors are text with values inside, which
+        // `into_val` would render in full.
+        Ok(err) if shorten(&format_args!("{err:?}"), 10).starts_with("Error(Val(") => {
+            match err.into_val() {
+                Val::TStr(s) | Val::BStr(s) => shorten(&String::from_utf8_lossy(&s), MAX_MESSAGE),
+                v => format!("{} (not a string)", shorten(&v, MAX_MESSAGE)),
+            }
+        }
+        Ok(err) => shorten(&err, MAX_MESSAGE),
         Err(exn) => match exn.get_halt() {
             Ok(code) => format!("halt({code}) is not allowed in a stream expression"),
             // Break/tail-call exceptions never escape a well-formed main filter.
             Err(_) => "internal jaq control flow escaped the expression".to_owned(),
         },
-    };
-    if let Some((cut, _)) = message.char_indices().nth(MAX_MESSAGE) {
-        message.truncate(cut);
-        message.push('…');
     }
-    message
+}
+
+/// The expression as a term, or `Err` if it does not lex or parse as one (a term cannot
+/// start with `import`, `include` or `module` either).
+fn parse_term(src: &str) -> Result<Term<&str>, ()> {
+    let tokens = Lexer::new(src).lex().map_err(drop)?;
+    Parser::new(&tokens).parse(|p| p.term()).map_err(drop)
+}
+
+/// Why [`parse_term`] refused `src`, in the words of jaq's loader.
+fn parse_errors(src: &str) -> String {
+    let arena = Arena::default();
+    match Loader::new([]).load(
+        &arena,
+        File {
+            code: src,
+            path: (),
+        },
+    ) {
+        Err(errs) => load_errors(src, errs),
+        Ok(_) => "`import`, `include` and `module` directives are not supported".to_owned(),
+    }
 }
 
 /// Renders the position of `part`, a slice of `src`, as " at column C" (or " at line L, column
@@ -383,7 +493,7 @@ mod tests {
         send_sync::<Expr>();
         let e = Expr::compile(".", &[]).unwrap();
         let c = e.clone();
-        assert!(Arc::ptr_eq(&e.0, &c.0));
+        assert!(Arc::ptr_eq(&e.compiled, &c.compiled));
         assert_eq!(c.source(), ".");
         assert_eq!(format!("{c:?}"), r#"Expr(".")"#);
     }
@@ -570,7 +680,9 @@ mod tests {
 
     #[test]
     fn output_explosion_is_bounded() {
-        let e = Expr::compile("repeat(1)", &[]).unwrap();
+        let e = Expr::compile("repeat(1)", &[])
+            .unwrap()
+            .with_time_budget(Duration::from_secs(600));
         let err = e.run(Val::Null, &[]).unwrap_err();
         assert!(matches!(err, ExprError::TooManyValues { .. }), "{err:?}");
     }
@@ -661,5 +773,537 @@ mod tests {
         assert!(truthy(&from_i64(0)));
         assert!(truthy(&str_val("")));
         assert!(truthy(&json("[]")));
+    }
+
+    /// The expression compiled the way jaq's own loader does, without the budget rewrite.
+    fn reference(src: &str) -> Filter {
+        let defs = jaq_core::defs()
+            .chain(jaq_std::defs())
+            .chain(jaq_json::defs());
+        let funs = jaq_core::funs::<Data>()
+            .chain(jaq_std::funs())
+            .chain(jaq_json::funs());
+        let arena = Arena::default();
+        let modules = Loader::new(defs)
+            .load(
+                &arena,
+                File {
+                    code: src,
+                    path: (),
+                },
+            )
+            .expect("reference parses");
+        jaq_core::Compiler::default()
+            .with_funs(funs)
+            .compile(modules)
+            .expect("reference compiles")
+    }
+
+    /// Outputs and the first error, as text.
+    fn outputs(results: impl Iterator<Item = Result<Val, String>>) -> Vec<Result<Val, String>> {
+        let mut out = Vec::new();
+        for r in results {
+            let stop = r.is_err();
+            out.push(r);
+            if stop || out.len() > 1000 {
+                break;
+            }
+        }
+        out
+    }
+
+    /// The rewrite for the budget changes no answer: paths, updates, tail calls, errors and
+    /// their messages are what jaq gives without it.
+    #[test]
+    fn instrumented_programs_answer_as_jaq_does() {
+        let exprs = [
+            ".",
+            ".a",
+            ".[] | select(. > 1)",
+            "map(. * 2)",
+            "[.[] | . * 2]",
+            "to_entries | from_entries",
+            "with_entries(.value |= tostring)",
+            "path(..)",
+            "[paths]",
+            "[paths(type == \"number\")]",
+            "[leaf_paths]",
+            "getpath([\"a\", \"b\"])",
+            "setpath([\"a\", \"b\"]; 5)",
+            "del(.a)",
+            "delpaths([[\"a\"]])",
+            "to_entries",
+            ".a |= . + 1",
+            ".[] |= . + 1",
+            ".[] += 1",
+            ".a.b //= 7",
+            ".a = (1, 2)",
+            "(.a, .b) = 3",
+            "walk(if type == \"number\" then . + 1 else . end)",
+            "[recurse]",
+            "[recurse(.[]?; . != 3)]",
+            "[limit(3; repeat(1))]",
+            "first(range(10; 0; -3))",
+            "[range(0; 10; 3)]",
+            "[range(5)]",
+            "[range(1; 2; 0.25)]",
+            "[range(\"a\"; \"b\")]",
+            "until(. > 100; . * 2)",
+            "[while(. < 100; . * 2)]",
+            "reduce .[] as $x (0; . + $x)",
+            "[foreach .[] as $x (0; . + $x; [$x, .])]",
+            "[.[] as [$a, $b] | {a: $a, b: $b}]",
+            ". as {a: $x} | $x",
+            "{a: .[], b: .[]}",
+            "{(.[] | tostring): 1}",
+            "{$__loc__}",
+            "{a, \"b\", $__loc__}",
+            "{(.[]?): .[]?}",
+            "@base64 \"x\\(.)y\"",
+            "@json \"\\(.[]?)\\(.[]?)\"",
+            "getpath([\"a\"]) = 5",
+            "[limit(2; .[]? | select(. != 1))]",
+            "reduce .[]? as [$a, $b] (0; . + ($a // 0))",
+            "[.[]? as [$a] | $a]",
+            "if . then (.[]? // 0) end",
+            "def f: def g: 3; g * 2; f",
+            "[.[]?] | sort_by(tostring) | map(tojson)",
+            "\"\\(.[]) and \\(.[])\"",
+            "[.[] + .[]]",
+            "[.[] as $x | .[] | select(. == $x)]",
+            "if .[] then 1 elif . then 2 else 3 end",
+            "[.[] | if . > 1 then \"big\" else \"small\" end]",
+            "def f: if . > 3 then . else . + 1 | f end; f",
+            "def fac: if . <= 1 then 1 else . * (. - 1 | fac) end; fac",
+            "def f(g): [g, g]; f(.[])",
+            "def f($a; $b): $a + $b; [f(.[]; .[])]",
+            "try error(\"x\") catch .",
+            "try (1, error(\"x\"), 3) catch .",
+            "[.[] | try (if . == 2 then error(\"two\") else . end) catch \"caught\"]",
+            ".a?",
+            "[.[]?]",
+            "(.a // 1), (null // 2)",
+            "label $out | 1, break $out, 2",
+            "[limit(2; .[])]",
+            "isempty(empty)",
+            "any(.[]; . > 2)",
+            "all(. > 0)",
+            "add",
+            "join(\",\")",
+            "tojson",
+            "tojson | fromjson",
+            "\"[1, 2] [3]\" | [fromjson]",
+            "\"[1,\" | fromjson",
+            "\"ab\" * 3",
+            "3 * \"ab\"",
+            "\"ab\" * 0",
+            "\"ab\" * -1",
+            "2 * 3",
+            "{a: 1} * {b: 2}",
+            ". * 2",
+            "[splits(\", *\")]",
+            "sub(\"a\"; \"b\")",
+            "[match(\"a\"; \"g\").offset]",
+            "ascii_downcase",
+            "length",
+            "keys",
+            "[.[] | tostring]",
+            "combinations",
+            "[combinations(2)]",
+            "transpose",
+            "flatten",
+            "unique_by(length)",
+            "group_by(. % 2)",
+            "min_by(.), max_by(.)",
+            "indices(1)",
+            "@base64",
+            "@text \"v: \\(.)\"",
+            "$__prog_args",
+            ".a.b.c",
+            ".[1:]",
+            ".[-1]",
+            "[.[] | numbers]",
+            "splits(\"a\")",
+            "error",
+            "error(null)",
+            "{} | .a.b |= 3",
+            "[paths] | length",
+            "pick(.a)",
+            "[limit(0; 1, 2)]",
+            "[skip(1; .[])]",
+            "nth(1; .[])",
+            "[.[] | ltrimstr(\"a\")]",
+            "input_line_number",
+            "now | type",
+            "halt_error",
+        ];
+        let inputs = [
+            "null",
+            "1",
+            "\"abc, a\"",
+            "[1, 2, 3]",
+            "[[1, 2], [3, 4]]",
+            r#"{"a": {"b": 1}, "c": [1, {"d": 2}]}"#,
+            r#"{"a": 1, "b": "x"}"#,
+            "[\"a1\", \"b2\", \"a\"]",
+        ];
+        let mut compared = 0;
+        for src in exprs {
+            // Expressions our build refuses, or that read the clock, are not compared.
+            let Ok(ours) = Expr::compile(src, &[]) else {
+                continue;
+            };
+            if src.contains("now") {
+                continue;
+            }
+            let theirs = reference(src);
+            for input in inputs {
+                let input = json(input);
+                let ctx = Ctx::<Data>::new(&theirs.lut, Vars::new([]));
+                let want = outputs(
+                    theirs
+                        .id
+                        .run((ctx, input.clone()))
+                        .map(|r| r.map_err(exception_message)),
+                );
+                let mut got = Vec::new();
+                let result = ours.each(input.clone(), &[], |v| {
+                    got.push(Ok(v));
+                    if got.len() > 1000 {
+                        return Err(ExprError::TooManyValues { expr: src.into() });
+                    }
+                    Ok(())
+                });
+                match result {
+                    Ok(()) => {}
+                    Err(ExprError::Runtime { message, .. }) => got.push(Err(message)),
+                    Err(ExprError::TooManyValues { .. }) => {}
+                    Err(e) => panic!("{src} on {input}: {e}"),
+                }
+                assert_eq!(got, want, "{src} on {input}");
+                compared += 1;
+            }
+        }
+        assert!(compared > 800, "{compared}");
+    }
+
+    fn over_budget(src: &str, input: &Val) -> ExprError {
+        let e = Expr::compile(src, &[])
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_time_budget(Duration::from_millis(200));
+        // `one`, not `run`: the output count must not stop an endless stream first.
+        match e.one(input.clone(), &[]) {
+            Err(e @ (ExprError::TimeBudget { .. } | ExprError::StackBudget { .. })) => e,
+            other => panic!("{src} must exceed its budget, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn loops_on_a_record_exceed_the_time_budget() {
+        // Cubic work on `big` and quadratic work on `huge` take far longer than the budget.
+        let big = Val::from_iter((0..3000).map(|i| from_i64(i % 10)));
+        let huge = Val::from_iter((0..100_000).map(|i| from_i64(i % 10)));
+        let cases: &[(&str, Val)] = &[
+            (
+                ".step as $s | .n | until(. > 10; . + $s)",
+                json(r#"{"n": 0, "step": 0}"#),
+            ),
+            ("[range(0; 10; 0)] | length", Val::Null),
+            ("last(range(0; 10; 0))", Val::Null),
+            ("last(repeat(.))", from_i64(1)),
+            ("def f: f; f", Val::Null),
+            ("def f: ., f; last(f)", Val::Null),
+            ("last(range(1e12))", Val::Null),
+            ("[range(1e9)] | length", Val::Null),
+            ("[limit(1e9; repeat(1))] | length", Val::Null),
+            ("last(recurse(. + 1))", from_i64(0)),
+            ("last(while(true; .))", from_i64(0)),
+            ("last(.[] as $a | .[] as $b | .[] | $a + $b)", big.clone()),
+            ("last(.[] + .[] + .[])", big.clone()),
+            ("last(.[] == .[] and .[] != null)", big.clone()),
+            ("reduce (.[] as $a | .[]) as $b (0; . + $b)", huge.clone()),
+            ("last(\"\\(.[])\\(.[])\\(.[])\")", big.clone()),
+            ("last({a: .[], b: .[], c: .[]})", big.clone()),
+            ("last(if .[] then .[] else 0 end)", huge.clone()),
+            (". as $x | last($x[] as $y | $x[] | $y)", huge.clone()),
+            ("def f($a; $b; $c): 1; last(f(.[]; .[]; .[]))", big.clone()),
+            ("last(.[] as $x | .[] as $y | .[] |= $x + $y)", big.clone()),
+            ("last(.[] as $x | .[] += .[])", big.clone()),
+            // jq code cannot catch the budget.
+            ("try until(false; .) catch \"caught\"", from_i64(1)),
+            ("(repeat(1) | select(false))?", from_i64(1)),
+            ("[.[] | try (0 | until(false; .)) catch 0]", json("[1, 2]")),
+            ("first(repeat(1) | select(false)) // 1", Val::Null),
+            ("label $out | repeat(1) | select(false)", Val::Null),
+            ("def f: try f catch f; f", Val::Null),
+            ("def f: (f)? // 1; f", Val::Null),
+            ("[paths] as $p | until(false; $p)", big.clone()),
+        ];
+        for (src, input) in cases {
+            let err = over_budget(src, input);
+            if let ExprError::TimeBudget { .. } = err {
+                let msg = err.to_string();
+                assert!(
+                    msg.contains("exceeded its time budget of 200 ms on this record"),
+                    "{msg}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn deep_recursion_is_an_error_not_a_crash() {
+        for stack in [2 << 20, 256 << 20] {
+            let run = move || {
+                for src in [
+                    "def f: 1 + f; f",
+                    "def f: [f]; f",
+                    "def f: f | f; f",
+                    "def f: {a: f}; f",
+                    "def f: try (1 + f) catch f; f",
+                ] {
+                    let e = Expr::compile(src, &[])
+                        .expect("compiles")
+                        .with_time_budget(Duration::from_secs(20));
+                    assert!(
+                        matches!(
+                            e.one(Val::Null, &[]),
+                            Err(ExprError::StackBudget { .. } | ExprError::TimeBudget { .. })
+                        ),
+                        "{src}"
+                    );
+                }
+                // Legitimate recursion works as deep as the stack allows.
+                let sum = Expr::compile(
+                    "def s: if length == 0 then 0 else .[0] + (.[1:] | s) end; s",
+                    &[],
+                )
+                .expect("compiles")
+                .with_time_budget(Duration::from_secs(60));
+                let input = Val::from_iter((0..100).map(|_| from_i64(1)));
+                assert_eq!(sum.one(input, &[]).expect("sums"), from_i64(100));
+                let mut deepest = 0;
+                for n in [300, 1000, 3000, 10_000] {
+                    let input = Val::from_iter((0..n).map(|_| from_i64(1)));
+                    match sum.one(input, &[]) {
+                        Ok(v) => {
+                            assert_eq!(v, from_i64(n));
+                            deepest = n;
+                        }
+                        Err(e) => {
+                            assert!(matches!(e, ExprError::StackBudget { .. }), "{e}");
+                            break;
+                        }
+                    }
+                }
+                // About 3 KiB a level: the processing thread's 64 MiB go 20000 deep.
+                assert!(stack < 256 << 20 || deepest == 10_000, "{deepest}");
+            };
+            std::thread::Builder::new()
+                .stack_size(stack)
+                .spawn(run)
+                .expect("thread")
+                .join()
+                .expect("no crash");
+        }
+    }
+
+    #[test]
+    fn deep_json_text_is_refused_by_fromjson() {
+        let e = Expr::compile("fromjson", &[]).unwrap();
+        let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+        let err = e.one(Val::from(deep), &[]).unwrap_err().to_string();
+        assert!(
+            err.ends_with("nested deeper than 256 levels as JSON"),
+            "{err}"
+        );
+        let ok = "[".repeat(256) + &"]".repeat(256);
+        assert!(e.one(Val::from(ok), &[]).is_ok());
+    }
+
+    #[test]
+    fn deep_values_built_by_jq_are_refused_by_tojson_and_quoted_briefly() {
+        // Dropping a value recurses per level: run where the worker runs expressions, on a
+        // stack as large as the processing thread's.
+        let run = || {
+            let e = Expr::compile("reduce range(100000) as $i (0; [.]) | tojson", &[]).unwrap();
+            let err = e.one(Val::Null, &[]).unwrap_err().to_string();
+            assert!(
+                err.ends_with("nested deeper than 256 levels as JSON"),
+                "{err}"
+            );
+            // Error messages render at most MAX_MESSAGE characters of any value.
+            let e = Expr::compile("reduce range(100000) as $i (0; [.]) | . + 1", &[]).unwrap();
+            let err = e.one(Val::Null, &[]).unwrap_err().to_string();
+            assert!(
+                err.contains("cannot calculate [[[[") && err.ends_with('…'),
+                "{err}"
+            );
+            assert!(err.chars().count() < MAX_MESSAGE + 100, "{err}");
+        };
+        std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn(run)
+            .expect("thread")
+            .join()
+            .expect("no crash");
+    }
+
+    #[test]
+    fn huge_string_repetition_is_refused() {
+        let e = Expr::compile(". * .n | length", &[]).unwrap();
+        let err = e.one(json(r#"{"n": 1}"#), &[]);
+        assert!(
+            err.is_err(),
+            "an object times an object is an error: {err:?}"
+        );
+        let e = Expr::compile(r#""ab" * .n | length"#, &[]).unwrap();
+        assert_eq!(e.one(json(r#"{"n": 3}"#), &[]).unwrap(), from_i64(6));
+        for n in ["1000000000000", "100000000000000000000000000000"] {
+            let err = e.one(json(&format!(r#"{{"n": {n}}}"#)), &[]).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("cannot repeat a string of 2 bytes that often"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn module_directives_are_refused() {
+        let msg = compile_err(r#"import "x" as $x; ."#, &[]);
+        assert!(msg.contains("directives are not supported"), "{msg}");
+        assert!(compile_err(r#"include "x"; ."#, &[]).contains("cannot import"));
+        // The names the rewrite adds are not reachable.
+        let msg = compile_err("!tick", &[]);
+        assert!(msg.starts_with("invalid jq expression `!tick`"), "{msg}");
+    }
+
+    /// Rough cost of the budget on jaq's path; run with
+    /// `cargo test --release -p eddy-worker -- --ignored --nocapture budget_cost`.
+    #[test]
+    #[ignore]
+    fn budget_cost() {
+        use std::time::Instant;
+        let input = json(
+            r#"{"user":"alice","status":200,"amount":12.5,"tags":["a","b","c"],"items":[{"p":1},{"p":2},{"p":3}],"ok":true}"#,
+        );
+        for src in [
+            ".status == 200 and (.tags | length) > 1",
+            "{user, total: (.items | map(.p) | add)}",
+            "[.tags[] | ascii_upcase] | join(\",\")",
+            ".items | map(select(.p > 1)) | length",
+            "reduce .items[] as $i (0; . + $i.p)",
+            "to_entries | map(select(.value != null)) | from_entries",
+            "[range(1000)] | length",
+            "def f: if . >= 1000 then . else . + 1 | f end; 0 | f",
+        ] {
+            let ours = Expr::compile(src, &[]).unwrap();
+            let theirs = reference(src);
+            // The machine is shared: alternate the two and keep the best round of each.
+            let n = 2_000;
+            let time = |f: &mut dyn FnMut()| {
+                let start = Instant::now();
+                for _ in 0..n {
+                    f();
+                }
+                start.elapsed().as_nanos() / n
+            };
+            let (mut with, mut without) = (u128::MAX, u128::MAX);
+            for _ in 0..15 {
+                with = with.min(time(&mut || {
+                    std::hint::black_box(ours.run(input.clone(), &[]).unwrap());
+                }));
+                without = without.min(time(&mut || {
+                    let ctx = Ctx::<Data>::new(&theirs.lut, Vars::new([]));
+                    let out: Vec<_> = theirs.id.run((ctx, input.clone())).collect();
+                    std::hint::black_box(out);
+                }));
+            }
+            let extra = (with as f64 / without as f64 - 1.0) * 100.0;
+            println!("{src}: {without} ns plain jaq, {with} ns with the budget ({extra:+.0}%)");
+        }
+    }
+
+    /// How deep jq builds a value within the default budget, and what dropping it costs;
+    /// run with `cargo test --release -p eddy-worker -- --ignored --nocapture nesting_rate`.
+    #[test]
+    #[ignore]
+    fn nesting_rate() {
+        let hwm = || {
+            std::fs::read_to_string("/proc/self/status")
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("VmHWM"))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let e = Expr::compile("reduce range(.) as $i (0; [.]) | length", &[]).unwrap();
+        let start = std::time::Instant::now();
+        std::thread::Builder::new()
+            .stack_size(1 << 30)
+            .spawn(move || drop(e.one(from_i64(1_000_000), &[]).unwrap()))
+            .unwrap()
+            .join()
+            .unwrap();
+        println!("1M levels built and dropped in {:?}", start.elapsed());
+        for stack in [2usize << 20, 8 << 20, 32 << 20] {
+            for depth in [10_000, 30_000, 100_000, 300_000] {
+                let e = Expr::compile("reduce range(.) as $i (0; [.]) | length", &[]).unwrap();
+                let ok = std::process::Command::new(std::env::current_exe().unwrap())
+                    .args([
+                        "--ignored",
+                        "--exact",
+                        "expr::tests::drop_child",
+                        "--nocapture",
+                    ])
+                    .env("DROP_DEPTH", depth.to_string())
+                    .env("DROP_STACK", stack.to_string())
+                    .output()
+                    .unwrap()
+                    .status
+                    .success();
+                drop(e);
+                println!(
+                    "stack {} MiB, depth {depth}: {}",
+                    stack >> 20,
+                    if ok { "ok" } else { "overflow" }
+                );
+            }
+        }
+        for src in [
+            "def f(g): f(g + 1); f(1)",
+            "[range(1e9)] | length",
+            "reduce range(1e9) as $i (0; [.]) | length",
+            "def f(n): if n > 100000000 then . else f(n + 1) end; f(0)",
+        ] {
+            let e = Expr::compile(src, &[]).unwrap();
+            let start = std::time::Instant::now();
+            let r = std::thread::Builder::new()
+                .stack_size(256 << 20)
+                .spawn(move || e.one(Val::Null, &[]).map(drop).map_err(|e| e.to_string()))
+                .unwrap()
+                .join();
+            println!(
+                "{src}: {:?} in {:?}, {}",
+                r.map(|r| r.err()),
+                start.elapsed(),
+                hwm()
+            );
+        }
+    }
+
+    #[test]
+    #[ignore]
+    fn drop_child() {
+        let depth: i64 = std::env::var("DROP_DEPTH").map_or(0, |d| d.parse().unwrap());
+        let stack: usize = std::env::var("DROP_STACK").map_or(0, |d| d.parse().unwrap());
+        let e = Expr::compile("reduce range(.) as $i (0; [.]) | length", &[]).unwrap();
+        std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(move || drop(e.one(from_i64(depth), &[]).unwrap()))
+            .unwrap()
+            .join()
+            .unwrap();
     }
 }

@@ -116,12 +116,44 @@ fn encode_error(v: &Val, format: Format, reason: impl Into<String>) -> FormatErr
 
 /// The value's JSON-like rendering, cut at [`MAX_QUOTE`] characters so errors stay readable.
 fn quote(v: &Val) -> String {
-    let mut s = v.to_string();
-    if let Some((cut, _)) = s.char_indices().nth(MAX_QUOTE) {
-        s.truncate(cut);
-        s.push('…');
+    shorten(v, MAX_QUOTE)
+}
+
+/// `x` rendered with `Display` and cut at `max` characters (marked with '…').
+///
+/// Rendering stops where the cut is, so a huge value costs no more than `max` characters,
+/// and a value nested deeper than anything the decoder accepts (jq can build one) recurses
+/// at most `max` levels: every level prints a bracket before it descends.
+pub(crate) fn shorten(x: &(impl std::fmt::Display + ?Sized), max: usize) -> String {
+    struct Limited {
+        out: String,
+        room: usize,
+        cut: bool,
     }
-    s
+    impl std::fmt::Write for Limited {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            for c in s.chars() {
+                if self.room == 0 {
+                    self.cut = true;
+                    return Err(std::fmt::Error);
+                }
+                self.out.push(c);
+                self.room -= 1;
+            }
+            Ok(())
+        }
+    }
+    let mut w = Limited {
+        out: String::new(),
+        room: max,
+        cut: false,
+    };
+    // An error here is the cut (or a Display that failed: keep what it wrote).
+    let _ = std::fmt::write(&mut w, format_args!("{x}"));
+    if w.cut {
+        w.out.push('…');
+    }
+    w.out
 }
 
 fn check_utf8(bytes: &[u8]) -> Result<(), FormatError> {
@@ -140,7 +172,7 @@ fn decode_json(bytes: &[u8]) -> Result<Val, FormatError> {
 }
 
 /// True if brackets outside strings nest deeper than `max`. Cheaper than the parse it guards.
-fn nesting_exceeds(bytes: &[u8], max: usize) -> bool {
+pub(crate) fn nesting_exceeds(bytes: &[u8], max: usize) -> bool {
     let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
     for &b in bytes {
         if in_string {
@@ -164,6 +196,24 @@ fn nesting_exceeds(bytes: &[u8], max: usize) -> bool {
             b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
+    }
+    false
+}
+
+/// True if arrays and objects in `v` nest deeper than `max`; without recursion, as `v` may
+/// come from jq, which can build values of any depth.
+pub(crate) fn depth_exceeds(v: &Val, max: usize) -> bool {
+    let mut todo = vec![(v, 0usize)];
+    while let Some((v, depth)) = todo.pop() {
+        let children: Box<dyn Iterator<Item = &Val>> = match v {
+            Val::Arr(a) => Box::new(a.iter()),
+            Val::Obj(o) => Box::new(o.iter().flat_map(|(k, v)| [k, v])),
+            _ => continue,
+        };
+        if depth == max {
+            return true;
+        }
+        todo.extend(children.map(|c| (c, depth + 1)));
     }
     false
 }

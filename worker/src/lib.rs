@@ -5,6 +5,12 @@
 //! [`restore`]d from it before processing, and committed at-least-once or exactly-once by the
 //! loop in [`runtime`]. Declarative steps ([`steps`]) are built on the [`processor`] API that
 //! embedding applications can use for their own logic.
+//!
+//! An application embedding [`run`] should give its thread a large stack, as `eddy-worker`
+//! does (256 MiB of address space; pages are only backed when used): jq expressions get a share
+//! of the thread's stack, and dropping a deeply nested value an expression built recurses per
+//! level. Calling [`expr::budget::report_this_thread`] there lets `/healthz` name an expression
+//! that does not return.
 
 pub mod assignment;
 pub mod cache;

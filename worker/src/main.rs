@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -68,6 +69,17 @@ struct RunArgs {
     /// Serve /metrics, /healthz and /readyz here.
     #[arg(long, env = "EDDY_HTTP_ADDR")]
     http_addr: Option<SocketAddr>,
+}
+
+/// Stack of the processing thread. Address space only: pages are backed as they are first
+/// touched, by deep jq recursion (bounded by `expr::budget::MAX_EVAL_STACK`) or by dropping
+/// a deeply nested value a jq expression built, which recurses once per level (about 70
+/// bytes a level; jq nests about a million levels per second of `expressionTimeoutMs`).
+fn processing_stack(expression_timeout: Duration) -> usize {
+    const PER_SECOND: usize = 96 << 20;
+    let seconds =
+        usize::try_from(expression_timeout.as_secs().saturating_add(1)).unwrap_or(usize::MAX);
+    seconds.saturating_mul(PER_SECOND).clamp(256 << 20, 4 << 30)
 }
 
 fn main() -> ExitCode {
@@ -209,7 +221,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         let listener = rt
             .block_on(tokio::net::TcpListener::bind(addr))
             .with_context(|| format!("binding the HTTP address {addr}"))?;
-        let app = eddy_worker::http::router(metrics.clone(), status.clone());
+        let app = eddy_worker::http::router(metrics.clone(), status.clone(), cfg.liveness_timeout);
         rt.spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!("HTTP server stopped: {e}");
@@ -250,7 +262,11 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     }
     let worker = std::thread::Builder::new()
         .name("eddy-stream".into())
-        .spawn(move || eddy_worker::run(&cfg, metrics, status))
+        .stack_size(processing_stack(cfg.expression_timeout))
+        .spawn(move || {
+            eddy_worker::expr::budget::report_this_thread();
+            eddy_worker::run(&cfg, metrics, status)
+        })
         .context("starting the processing thread")?;
     let result = worker
         .join()

@@ -154,14 +154,23 @@ pub struct Status {
     /// Reports sent to the app's status so far (under the operator), and a signal for each.
     pub reports_sent: Mutex<u64>,
     pub report_sent: std::sync::Condvar,
-    /// When the processing thread last showed progress (ms since the UNIX epoch, 0 = not
-    /// started): the liveness check reads it.
+    /// When the processing thread last made progress, in ms since the UNIX epoch (0: not
+    /// started); `/healthz` fails when it is older than `livenessTimeoutMs`.
     pub heartbeat: AtomicU64,
     /// Why the worker is not processing, while it retries (None when all is well).
     pub problem: Mutex<Option<WorkerProblem>>,
 }
 
 impl Status {
+    /// The processing thread is making progress (or waiting on purpose): called once per
+    /// turn of its loops.
+    pub fn beat(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.heartbeat.store(now, Ordering::Relaxed);
+    }
+
     /// Under the operator, wait (at most `timeout`) until the status reporter has sent the
     /// current report; standalone, return at once.
     pub fn await_report(&self, timeout: Duration) {
@@ -175,14 +184,6 @@ impl Status {
         let _ = self
             .report_sent
             .wait_timeout_while(sent, timeout, |n| *n == seen);
-    }
-
-    /// The processing thread is making progress (or waiting on purpose).
-    pub fn beat(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        self.heartbeat.store(now, Ordering::Relaxed);
     }
 
     /// Called by the reporter after each report it sent.

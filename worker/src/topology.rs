@@ -8,6 +8,7 @@ use crate::steps;
 use eddy_crds::spec::{AppSpec, Step};
 use eddy_crds::{Format, topics};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Makes a fresh processor for each task.
 pub type ProcessorSupplier = Arc<dyn Fn() -> Box<dyn Processor> + Send + Sync>;
@@ -131,8 +132,14 @@ impl Topology {
             },
         );
         let (mut kf, mut vf) = (from.key, from.value);
+        let budget = Duration::from_millis(
+            spec.expression_timeout_ms
+                .unwrap_or(eddy_crds::manifest::DEFAULT_EXPRESSION_TIMEOUT_MS),
+        );
         let compile = |step: usize, src: &str, vars: &[&str]| {
-            Expr::compile(src, vars).map_err(|source| TopologyError::Expr { step, source })
+            Expr::compile(src, vars)
+                .map(|e| e.with_time_budget(budget))
+                .map_err(|source| TopologyError::Expr { step, source })
         };
         for (i, step) in spec.topology.iter().enumerate().skip(1) {
             match step {
@@ -258,6 +265,51 @@ mod tests {
         assert_eq!(b.stores[0].name, "views");
         assert_eq!(b.stores[0].forward_to, Some(1));
         assert_eq!(b.sinks[0].topic, "out");
+    }
+
+    /// `expressionTimeoutMs` reaches the expressions: a record that loops fails after it,
+    /// as a bad record.
+    #[test]
+    fn expressions_get_the_time_budget_of_the_spec() {
+        use crate::processor::{Context, ProcessError, Sink};
+        use crate::record::{Data, Record};
+        struct NoSink;
+        impl Sink for NoSink {
+            fn send(
+                &mut self,
+                _: &str,
+                _: Option<i32>,
+                _: Option<&[u8]>,
+                _: Option<&[u8]>,
+                _: i64,
+            ) -> Result<(), ProcessError> {
+                Ok(())
+            }
+        }
+        let app = eddy_crds::parse_app(
+            "expressionTimeoutMs: 50\ntopology:\n- from: {topic: a, value: json}\n- filter: '.step as $s | .n | until(. > 10; . + $s)'\n",
+        )
+        .expect("valid");
+        let t = Topology::from_spec("x", &app.spec).expect("compiles");
+        let mut filter = (t.subtopologies[0].processors[0])();
+        let (mut sink, mut out) = (NoSink, Vec::new());
+        let mut ctx = Context {
+            stores: &mut [],
+            db: None,
+            sink: &mut sink,
+            out: &mut out,
+        };
+        let looping = Record {
+            key: None,
+            value: Some(Data::raw(br#"{"n": 0, "step": 0}"#, Format::Json)),
+            timestamp: 0,
+        };
+        match filter.process(looping, &mut ctx) {
+            Err(ProcessError::BadRecord(m)) => {
+                assert!(m.contains("exceeded its time budget of 50 ms"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -9,9 +9,11 @@
 //! jaq on many inputs.
 
 use super::Val;
+use crate::format::MAX_DEPTH;
+use hifijson::num::Lex as _;
 use hifijson::str::Lex as _;
-use hifijson::token::Lex;
-use hifijson::{Expect, SliceLexer};
+use hifijson::token::Lex as _;
+use hifijson::{Read as _, SliceLexer};
 use jaq_core::load::parse::{BinaryOp, Term};
 use jaq_core::load::{Lexer, Parser};
 use jaq_core::ops::{Cmp, Math};
@@ -275,11 +277,13 @@ fn leaf(b: &[u8]) -> Option<Val> {
 
 /// The raw bytes of field `name` of the JSON object `doc` (the last one if repeated, as
 /// decoding does): `Some(None)` if `doc` is an object without it or `null`, `None` if `doc` is
-/// not an object, is malformed or has escaped keys. The whole document is checked, so a
-/// malformed record still fails where jaq would fail.
+/// not an object, is malformed or not UTF-8, nests deeper than [`MAX_DEPTH`] or has escaped
+/// keys. The whole document is checked, so a malformed record still fails where jaq would
+/// fail.
 fn field<'a>(doc: &'a [u8], name: &[u8]) -> Option<Option<&'a [u8]>> {
+    // Decoding refuses invalid UTF-8 anywhere, and so must this.
+    std::str::from_utf8(doc).ok()?;
     let mut lx = SliceLexer::new(doc);
-    let mut found = None;
     match lx.ws_peek()? {
         b'{' => {}
         b'n' => {
@@ -287,37 +291,130 @@ fn field<'a>(doc: &'a [u8], name: &[u8]) -> Option<Option<&'a [u8]>> {
         }
         _ => return None,
     }
-    let res: Result<(), hifijson::Error> = lx.discarded().seq(
-        b'}',
-        SliceLexer::ws_peek,
-        |next, lx: &mut SliceLexer<'a>| {
-            lx.expect(|_| Some(next), b'"').ok_or(Expect::String)?;
-            let before = lx.as_slice();
-            lx.str_ignore().map_err(hifijson::Error::Str)?;
-            let key = &before[..before.len() - lx.as_slice().len() - 1];
-            lx.expect(SliceLexer::ws_peek, b':').ok_or(Expect::Colon)?;
-            let next = lx.ws_peek().ok_or(Expect::Value)?;
-            let start = lx.as_slice();
-            hifijson::ignore::parse(next, lx)?;
-            if key.contains(&b'\\') {
-                return Err(Expect::String.into());
+    lx.take_next();
+    let mut found = None;
+    let mut next = lx.ws_peek()?;
+    if next == b'}' {
+        lx.take_next();
+    } else {
+        loop {
+            if next != b'"' {
+                return None;
             }
+            let key = key(&mut lx)?;
+            let start = lx.as_slice();
+            skip_value(&mut lx, 1)?;
             if key == name {
                 found = Some(&start[..start.len() - lx.as_slice().len()]);
             }
-            Ok(())
-        },
-    );
-    (res.is_ok() && rest_is_blank(&mut lx)).then_some(found)
+            match lx.ws_peek()? {
+                b',' => {
+                    lx.take_next();
+                    next = lx.ws_peek()?;
+                }
+                b'}' => {
+                    lx.take_next();
+                    break;
+                }
+                _ => return None,
+            }
+        }
+    }
+    rest_is_blank(&mut lx).then_some(found)
 }
 
-/// True if `doc` is one well-formed JSON value (what jaq would decode without error).
+/// Reads `"key":` (the lexer at the opening quote) and returns the key's raw bytes, leaving
+/// the lexer before the value. `None` if malformed or the key has escapes.
+fn key<'a>(lx: &mut SliceLexer<'a>) -> Option<&'a [u8]> {
+    lx.take_next();
+    let before = lx.as_slice();
+    lx.str_ignore().ok()?;
+    let key = &before[..before.len() - lx.as_slice().len() - 1];
+    if key.contains(&b'\\') {
+        return None;
+    }
+    lx.expect(SliceLexer::ws_peek, b':')?;
+    Some(key)
+}
+
+/// Skips one JSON value, the lexer at or before its first byte, without recursion: a deeply
+/// nested document must not overflow the stack. `depth` is the nesting the value sits at;
+/// `None` if the value is malformed or nests deeper than [`MAX_DEPTH`] (then jaq's path
+/// reports why).
+#[inline]
+fn skip_value(lx: &mut SliceLexer<'_>, depth: usize) -> Option<()> {
+    match lx.ws_peek()? {
+        b'[' | b'{' => skip_nested(lx, depth),
+        b'"' => lx.discarded().str_ignore().ok(),
+        b'0'..=b'9' | b'-' => lx.num_ignore().validate().ok().map(|_| ()),
+        b'a'..=b'z' => lx.null_or_bool().map(|_| ()),
+        _ => None,
+    }
+}
+
+/// [`skip_value`] for an array or object.
+fn skip_nested(lx: &mut SliceLexer<'_>, depth: usize) -> Option<()> {
+    // One bit per open container: set for an object, clear for an array.
+    let mut open = [0u64; MAX_DEPTH.div_ceil(64)];
+    let mut depth_here = 0usize;
+    let is_object = |open: &[u64], d: usize| open[d / 64] >> (d % 64) & 1 == 1;
+    'value: loop {
+        match lx.ws_peek()? {
+            c @ (b'[' | b'{') => {
+                if depth + depth_here >= MAX_DEPTH {
+                    return None;
+                }
+                lx.take_next();
+                let object = c == b'{';
+                let d = depth_here;
+                open[d / 64] = open[d / 64] & !(1 << (d % 64)) | u64::from(object) << (d % 64);
+                depth_here += 1;
+                match lx.ws_peek()? {
+                    b']' if !object => lx.take_next().map(drop)?,
+                    b'}' if object => lx.take_next().map(drop)?,
+                    b'"' if object => {
+                        key(lx)?;
+                        continue 'value;
+                    }
+                    _ if object => return None,
+                    _ => continue 'value,
+                }
+                depth_here -= 1;
+            }
+            b'"' => lx.discarded().str_ignore().ok()?,
+            b'0'..=b'9' | b'-' => lx.num_ignore().validate().ok().map(|_| ())?,
+            b'a'..=b'z' => drop(lx.null_or_bool()?),
+            _ => return None,
+        }
+        // After a value: close the containers it ends, or go on with the next element.
+        while depth_here > 0 {
+            let object = is_object(&open, depth_here - 1);
+            match lx.ws_peek()? {
+                b',' => {
+                    lx.take_next();
+                    if object {
+                        if lx.ws_peek()? != b'"' {
+                            return None;
+                        }
+                        key(lx)?;
+                    }
+                    continue 'value;
+                }
+                b']' if !object => lx.take_next().map(drop)?,
+                b'}' if object => lx.take_next().map(drop)?,
+                _ => return None,
+            }
+            depth_here -= 1;
+        }
+        return Some(());
+    }
+}
+
+/// True if `doc` is one well-formed JSON value in UTF-8 nested at most [`MAX_DEPTH`] deep
+/// (what decoding accepts).
 pub fn is_json(doc: &[u8]) -> bool {
     let mut lx = SliceLexer::new(doc);
-    match lx.ws_peek() {
-        Some(next) => hifijson::ignore::parse(next, &mut lx).is_ok() && rest_is_blank(&mut lx),
-        None => false,
-    }
+    std::str::from_utf8(doc).is_ok() && skip_value(&mut lx, 0).is_some() && rest_is_blank(&mut lx)
 }
 
 fn rest_is_blank(lx: &mut SliceLexer<'_>) -> bool {
@@ -468,5 +565,114 @@ mod tests {
             Some(Val::Null)
         );
         assert_eq!(json("1"), from_i64(1));
+    }
+
+    #[test]
+    fn deep_documents_are_left_to_jaq_without_recursion() {
+        let nested = |n: usize, open: &str, close: &str| {
+            format!(
+                r#"{{"deep":{}1{},"ok":true}}"#,
+                open.repeat(n),
+                close.repeat(n)
+            )
+        };
+        // On a small stack: skipping must not recurse per level.
+        let run = move || {
+            let f = Fast::compile(".ok", &[]).expect("subset");
+            let eval = |doc: &str| f.eval(Input::Json(doc.as_bytes()), &[]);
+            for (open, close) in [("[", "]"), (r#"{"a":"#, "}")] {
+                // The record's object is one level: 256 in all is the most decoding accepts.
+                let most = nested(MAX_DEPTH - 1, open, close);
+                assert_eq!(eval(&most), Some(Val::Bool(true)));
+                assert!(is_json(most.as_bytes()));
+                assert!(crate::format::decode(eddy_crds::Format::Json, most.as_bytes()).is_ok());
+                let over = nested(MAX_DEPTH, open, close);
+                assert_eq!(eval(&over), None);
+                assert!(!is_json(over.as_bytes()));
+                for n in [100_000, 1_000_000] {
+                    assert_eq!(eval(&nested(n, open, close)), None);
+                    assert_eq!(eval(&nested(n, open, "")), None, "unbalanced");
+                    assert!(!is_json(open.repeat(n).as_bytes()));
+                }
+            }
+            // Decoding refuses invalid UTF-8, and so does the direct evaluator.
+            assert_eq!(
+                eval("{\"ok\":true,\"s\":\"caf\u{e9}\"}"),
+                Some(Val::Bool(true))
+            );
+            assert_eq!(
+                f.eval(Input::Json(b"{\"ok\":true,\"s\":\"caf\xc3\"}"), &[]),
+                None
+            );
+            assert!(!is_json(b"\"\xff\""));
+        };
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(run)
+            .expect("thread")
+            .join()
+            .expect("no stack overflow");
+    }
+
+    /// Cost of reading a field straight from the bytes, against the recursive skipper used
+    /// before; run with `cargo test --release -p eddy-worker -- --ignored --nocapture field_cost`.
+    #[test]
+    #[ignore]
+    fn field_cost() {
+        fn recursive(doc: &[u8], name: &[u8]) -> Option<Option<usize>> {
+            use hifijson::Expect;
+            let mut lx = SliceLexer::new(doc);
+            let mut found = None;
+            lx.ws_peek()?;
+            let res: Result<(), hifijson::Error> = lx.discarded().seq(
+                b'}',
+                SliceLexer::ws_peek,
+                |next, lx: &mut SliceLexer<'_>| {
+                    lx.expect(|_| Some(next), b'"').ok_or(Expect::String)?;
+                    let before = lx.as_slice();
+                    lx.str_ignore().map_err(hifijson::Error::Str)?;
+                    let key = &before[..before.len() - lx.as_slice().len() - 1];
+                    lx.expect(SliceLexer::ws_peek, b':').ok_or(Expect::Colon)?;
+                    let next = lx.ws_peek().ok_or(Expect::Value)?;
+                    let start = lx.as_slice().len();
+                    hifijson::ignore::parse(next, lx)?;
+                    if key == name {
+                        found = Some(start - lx.as_slice().len());
+                    }
+                    Ok(())
+                },
+            );
+            (res.is_ok() && rest_is_blank(&mut lx)).then_some(found)
+        }
+        let record = br#"{"user":"alice","status":200,"amount":12.5,"tags":["a","b"],"ts":1700000000123,"ok":true,"n":null}"#;
+        let nested =
+            br#"{"user":"alice","a":{"b":[1,{"c":[2,3,{"d":4}]}],"e":{"f":{"g":5}}},"status":200}"#;
+        let n = 100_000;
+        let time = |f: &dyn Fn()| {
+            let start = std::time::Instant::now();
+            for _ in 0..n {
+                f();
+            }
+            start.elapsed().as_nanos() / n
+        };
+        for (what, doc) in [("flat", &record[..]), ("nested", &nested[..])] {
+            // The machine is shared: alternate the two and keep the best round of each.
+            let (mut before, mut now, mut utf8) = (u128::MAX, u128::MAX, u128::MAX);
+            for _ in 0..15 {
+                before = before.min(time(&|| {
+                    std::hint::black_box(recursive(std::hint::black_box(doc), b"status"));
+                }));
+                now = now.min(time(&|| {
+                    std::hint::black_box(field(std::hint::black_box(doc), b"status"));
+                }));
+                utf8 = utf8.min(time(&|| {
+                    std::hint::black_box(std::str::from_utf8(std::hint::black_box(doc)).is_ok());
+                }));
+            }
+            println!(
+                "{what} ~100 B: recursive skipper {before} ns, bounded skipper {now} ns \
+                 (of which {utf8} ns checking UTF-8)"
+            );
+        }
     }
 }
