@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::ClientContext;
+use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
@@ -195,24 +195,21 @@ impl Connection {
     }
 }
 
-/// Keeps librdkafka's error and warning lines (`SASL authentication error: ...`, `SSL
-/// handshake failed: ...`), so a call that timed out can say why.
+/// Keeps librdkafka's errors and error or warning log lines (`SASL authentication error:
+/// ...`, `SSL handshake failed: ...`), so a failed call can say why, not only that it failed.
 #[derive(Default)]
 struct Diagnosis(Mutex<Vec<String>>);
 
-impl ClientContext for Diagnosis {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        use RDKafkaLogLevel::*;
-        if !matches!(level, Emerg | Alert | Critical | Error | Warning) {
-            tracing::trace!(target: "librdkafka", "{fac} {message}");
-            return;
-        }
-        tracing::debug!(target: "librdkafka", "{fac} {message}");
-        // "[thrd:sasl_ssl://host:port/bootstrap]: sasl_ssl://host:port/bootstrap: what"
+impl Diagnosis {
+    fn keep(&self, message: &str) {
+        // "[thrd:sasl_ssl://host:port/bootstrap]: sasl_ssl://host:port/bootstrap: what (after
+        // 181ms in state AUTH_REQ)": without the timing, so the condition's message (and its
+        // event) stays the same while the problem does.
         let what = message
             .strip_prefix("[thrd:")
             .and_then(|m| m.split_once("]: "))
             .map_or(message, |(_, m)| m);
+        let what = what.split(" (after ").next().unwrap_or(what).trim();
         if let Ok(mut seen) = self.0.lock()
             && seen.len() < 3
             && !seen.iter().any(|s| s == what)
@@ -222,15 +219,35 @@ impl ClientContext for Diagnosis {
     }
 }
 
+impl ClientContext for Diagnosis {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        use RDKafkaLogLevel::*;
+        if matches!(level, Emerg | Alert | Critical | Error | Warning) {
+            tracing::debug!(target: "librdkafka", "{fac} {message}");
+            self.keep(message);
+        } else {
+            tracing::trace!(target: "librdkafka", "{fac} {message}");
+        }
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::debug!(target: "librdkafka", "{error}: {reason}");
+        self.keep(reason);
+    }
+}
+
 impl ConsumerContext for Diagnosis {}
 
-impl Diagnosis {
-    /// ` (librdkafka: ...)`, or nothing if librdkafka said nothing.
-    fn suffix(&self) -> String {
-        match self.0.lock() {
-            Ok(seen) if !seen.is_empty() => format!(" (librdkafka: {})", seen.join("; ")),
-            _ => String::new(),
-        }
+/// Why a call of `c` failed, from what librdkafka reported meanwhile: ` (librdkafka: ...)`,
+/// or nothing. Its logs and errors wait in the client's queue until polled.
+fn why(c: &BaseConsumer<Diagnosis>) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_millis(300);
+    while std::time::Instant::now() < deadline {
+        let _ = c.poll(Duration::from_millis(50));
+    }
+    match c.context().0.lock() {
+        Ok(seen) if !seen.is_empty() => format!(" (librdkafka: {})", seen.join("; ")),
+        _ => String::new(),
     }
 }
 
@@ -242,13 +259,9 @@ pub async fn facts(conn: &Connection) -> KafkaFacts {
             .config()?
             .create_with_context(Diagnosis::default())
             .map_err(|e| e.to_string())?;
-        let md = c.fetch_metadata(None, TIMEOUT).map_err(|e| {
-            format!(
-                "cannot reach Kafka at {}: {e}{}",
-                conn.servers(),
-                c.context().suffix()
-            )
-        })?;
+        let md = c
+            .fetch_metadata(None, TIMEOUT)
+            .map_err(|e| format!("cannot reach Kafka at {}: {e}{}", conn.servers(), why(&c)))?;
         let counts: HashMap<String, i32> = md
             .topics()
             .iter()
@@ -277,16 +290,14 @@ pub async fn create_topics(
             .map_err(|e| e.to_string())?;
         let md = consumer
             .fetch_metadata(None, TIMEOUT)
-            .map_err(|e| format!("{e}{}", consumer.context().suffix()))?;
+            .map_err(|e| format!("{e}{}", why(&consumer)))?;
         Ok::<_, String>(md.brokers().len() as i32)
     })
     .await
     .map_err(|e| e.to_string())??;
     let rf = spec.kafka.replication_factor.unwrap_or(brokers.clamp(1, 3));
-    let admin: AdminClient<Diagnosis> = conn
-        .config()?
-        .create_with_context(Diagnosis::default())
-        .map_err(|e| e.to_string())?;
+    let admin: AdminClient<DefaultClientContext> =
+        conn.config()?.create().map_err(|e| e.to_string())?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|t| {
@@ -300,7 +311,7 @@ pub async fn create_topics(
     let results = admin
         .create_topics(&new, &opts)
         .await
-        .map_err(|e| format!("{e}{}", admin.inner().context().suffix()))?;
+        .map_err(|e| e.to_string())?;
     for r in results {
         match r {
             Ok(name) => tracing::info!(topic = %name, "created internal topic"),
@@ -332,15 +343,13 @@ pub async fn internal_topics(spec: &AppSpec, name: &str) -> Vec<String> {
 }
 
 pub async fn delete_topics(conn: &Connection, names: &[String]) -> Result<(), String> {
-    let admin: AdminClient<Diagnosis> = conn
-        .config()?
-        .create_with_context(Diagnosis::default())
-        .map_err(|e| e.to_string())?;
+    let admin: AdminClient<DefaultClientContext> =
+        conn.config()?.create().map_err(|e| e.to_string())?;
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let results = admin
         .delete_topics(&refs, &AdminOptions::new().operation_timeout(Some(TIMEOUT)))
         .await
-        .map_err(|e| format!("{e}{}", admin.inner().context().suffix()))?;
+        .map_err(|e| e.to_string())?;
     for r in results {
         match r {
             Ok(name) => tracing::info!(topic = %name, "deleted internal topic"),
@@ -349,4 +358,36 @@ pub async fn delete_topics(conn: &Connection, names: &[String]) -> Result<(), St
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn librdkafka_reasons_are_kept_once_without_their_timing() {
+        let d = Diagnosis::default();
+        d.keep("[thrd:sasl_plaintext://127.0.0.1:1/bootstrap]: sasl_plaintext://127.0.0.1:1/bootstrap: SASL authentication error: Authentication failed (after 181ms in state AUTH_REQ)");
+        d.keep("sasl_plaintext://127.0.0.1:1/bootstrap: SASL authentication error: Authentication failed (after 252ms in state AUTH_REQ, 1 identical error(s) suppressed)");
+        let seen = d.0.lock().expect("lock").clone();
+        assert_eq!(
+            seen,
+            [
+                "sasl_plaintext://127.0.0.1:1/bootstrap: SASL authentication error: Authentication failed"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_connection_shows_property_names_never_values() {
+        let c = Connection {
+            bootstrap_servers: Some("k:9093".into()),
+            properties: vec![("sasl.password".into(), "hunter2".into())],
+        };
+        let shown = format!("{c:?}");
+        assert!(
+            shown.contains("sasl.password") && !shown.contains("hunter2"),
+            "{shown}"
+        );
+    }
 }
