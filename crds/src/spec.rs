@@ -269,7 +269,7 @@ impl JsonSchema for ValueSource {
         "ValueSource".into()
     }
     // A string or an object is not a structural schema: the field is left open for the API
-    // server and checked by the operator (InvalidSpec) and the worker.
+    // server and checked where the app is read (the operator, the worker).
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
             "x-kubernetes-preserve-unknown-fields": true,
