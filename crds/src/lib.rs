@@ -4,6 +4,7 @@
 
 pub mod manifest;
 pub mod resource;
+pub mod security;
 pub mod spec;
 pub mod task;
 pub mod topics;

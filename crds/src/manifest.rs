@@ -1,6 +1,7 @@
 //! Reading an application file: a whole `StatefulStreamApp` manifest or its bare `spec`,
 //! checked so that every mistake is reported with the field it concerns and what is expected.
 
+use crate::security::{self, Source};
 use crate::spec::{AppSpec, Step};
 use crate::{API_VERSION, KIND, topics};
 use serde::Deserialize;
@@ -149,6 +150,7 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
         ));
     }
     check_transactions(spec, prefix)?;
+    check_kafka(spec, prefix)?;
     if spec.topology.is_empty() {
         return Err(invalid(
             f("topology".into()),
@@ -238,6 +240,39 @@ fn check_transactions(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError>
                 interval.saturating_mul(2)
             ),
         ));
+    }
+    Ok(())
+}
+
+/// Credentials come from Secrets only, so none lands in the app's ConfigMap or status.
+fn check_kafka(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
+    for key in spec.kafka.properties.keys() {
+        if let Some((_, instead)) = security::CREDENTIAL_PROPERTIES
+            .iter()
+            .find(|(p, _)| p == key)
+        {
+            return Err(invalid(
+                format!("{prefix}kafka.properties[{key:?}]"),
+                format!(
+                    "holds a credential, which would be stored in the app's ConfigMap: {instead}"
+                ),
+            ));
+        }
+    }
+    for (c, source) in security::client_security(&spec.kafka).credentials {
+        let field = format!("{prefix}{}", c.field());
+        match source {
+            Source::Value(v) if v.trim().is_empty() => {
+                return Err(invalid(field, "is empty"));
+            }
+            Source::Secret(r) if r.name.trim().is_empty() || r.key.trim().is_empty() => {
+                return Err(invalid(
+                    field,
+                    "needs both the Secret's name and the key: {secretKeyRef: {name, key}}",
+                ));
+            }
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -503,5 +538,100 @@ spec:
             ))
             .is_ok()
         );
+    }
+
+    const SECURED: &str = "topology: [{from: {topic: a}}]\nkafka:\n  bootstrapServers: k:9093\n";
+
+    #[test]
+    fn sasl_username_is_a_literal_or_a_secret_key_in_either_shape() {
+        use crate::spec::{SaslMechanism, SecretKeyRef, ValueSource};
+        let creds = |name: &str, key: &str| SecretKeyRef {
+            name: name.into(),
+            key: key.into(),
+        };
+        let read = |sasl: &str| {
+            parse_app(&format!("{SECURED}  sasl: {sasl}\n"))
+                .expect("valid")
+                .spec
+                .kafka
+                .sasl
+                .expect("sasl")
+        };
+        let s = read(
+            "{mechanism: SCRAM-SHA-512, username: alice, password: {secretKeyRef: {name: c, key: p}}}",
+        );
+        assert_eq!(s.mechanism, SaslMechanism::ScramSha512);
+        assert_eq!(s.username, ValueSource::Value("alice".into()));
+        assert_eq!(s.password, creds("c", "p"));
+        let s = read(
+            "{mechanism: PLAIN, username: {secretKeyRef: {name: c, key: u}}, password: {name: c, key: p}}",
+        );
+        assert_eq!(s.username, ValueSource::Secret(creds("c", "u")));
+        // Today's shape keeps working.
+        let s =
+            read("{mechanism: PLAIN, username: {name: c, key: u}, password: {name: c, key: p}}");
+        assert_eq!(s.username, ValueSource::Secret(creds("c", "u")));
+        // Serialized short, as before: the spec hash of existing apps does not change.
+        let yaml = serde_yaml::to_string(&s).expect("serializable");
+        assert!(yaml.contains("username:\n  name: c\n  key: u"), "{yaml}");
+        let again: crate::spec::SaslSpec = serde_yaml::from_str(&yaml).expect("round trip");
+        assert_eq!(again, s);
+    }
+
+    #[test]
+    fn malformed_credentials_name_the_field_and_the_shape() {
+        let e = err(&format!(
+            "{SECURED}  sasl: {{mechanism: PLAIN, username: {{secret: c}}, password: {{name: c, key: p}}}}\n"
+        ));
+        assert!(
+            e.contains("kafka.sasl.username") && e.contains("secretKeyRef"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{SECURED}  sasl: {{mechanism: PLAIN, username: u, password: hunter2}}\n"
+        ));
+        assert!(
+            e.contains("kafka.sasl.password") && e.contains("a Secret key"),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "the message repeats no value: {e}");
+        let e = err(&format!(
+            "{SECURED}  sasl: {{mechanism: GSSAPI, username: u, password: {{name: c, key: p}}}}\n"
+        ));
+        assert!(e.contains("SCRAM-SHA-512"), "{e}");
+        let e = err(&format!(
+            "{SECURED}  sasl: {{mechanism: PLAIN, username: '', password: {{name: c, key: p}}}}\n"
+        ));
+        assert!(e.contains("kafka.sasl.username: is empty"), "{e}");
+        let e = err(&format!(
+            "{SECURED}  tls: {{ca: {{name: '', key: ca.crt}}}}\n"
+        ));
+        assert!(e.contains("kafka.tls.ca"), "{e}");
+    }
+
+    #[test]
+    fn credentials_in_kafka_properties_are_refused_with_where_they_go() {
+        for (property, instead) in [
+            ("sasl.password", "kafka.sasl.password"),
+            ("ssl.key.pem", "kafka.tls.key"),
+            ("ssl.key.password", "kafka.tls.keyPassword"),
+            ("sasl.oauthbearer.client.secret", "kafka.sasl"),
+        ] {
+            let e = err(&format!(
+                "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {{name: a}}\nspec:\n  kafka:\n    properties: {{{property}: s3cret}}\n  topology: [{{from: {{topic: a}}}}]\n"
+            ));
+            assert!(
+                e.contains(&format!("spec.kafka.properties[\"{property}\"]"))
+                    && e.contains("ConfigMap")
+                    && e.contains(instead),
+                "{e}"
+            );
+            assert!(!e.contains("s3cret"), "{e}");
+        }
+        // Settings that are no secrets stay allowed.
+        parse_app(&format!(
+            "{SECURED}  properties: {{security.protocol: ssl, ssl.ca.location: /ca.pem, sasl.username: u}}\n"
+        ))
+        .expect("no credential");
     }
 }

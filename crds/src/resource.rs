@@ -179,6 +179,7 @@ pub fn crd() -> CustomResourceDefinition {
     for f in ["replicas", "numStandbyReplicas"] {
         schema["properties"][f]["minimum"] = json!(0);
     }
+    schema["properties"]["kafka"]["properties"]["properties"] = kafka_properties_schema();
     // Kubernetes knows int32/int64 only; schemars writes Rust's unsigned widths.
     fix_formats(schema);
     let topology = &mut schema["properties"]["topology"];
@@ -203,6 +204,33 @@ fn fix_formats(v: &mut Value) {
         Value::Array(a) => a.iter_mut().for_each(fix_formats),
         _ => {}
     }
+}
+
+/// `kafka.properties`: no credentials (they would be stored in the ConfigMap). Bounded, so
+/// the rule's cost is too.
+fn kafka_properties_schema() -> Value {
+    let names: Vec<&str> = crate::security::CREDENTIAL_PROPERTIES
+        .iter()
+        .map(|(p, _)| *p)
+        .collect();
+    let list = names
+        .iter()
+        .map(|p| format!("'{p}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    json!({
+        "type": "object",
+        "description": "Extra librdkafka client properties, applied to every client. No credentials: use kafka.tls and kafka.sasl, which read them from Secrets.",
+        "additionalProperties": {"type": "string"},
+        "maxProperties": 128,
+        "x-kubernetes-validations": [{
+            "rule": format!("self.all(k, !(k in [{list}]))"),
+            "message": format!(
+                "kafka.properties must not hold credentials ({}): they would be stored in the app's ConfigMap; use kafka.sasl and kafka.tls, which read them from Secrets",
+                names.join(", ")
+            ),
+        }],
+    })
 }
 
 /// One step: exactly one of the known keys. An unknown step is an undeclared field, which

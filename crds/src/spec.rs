@@ -118,33 +118,231 @@ pub enum CleanupPolicy {
     Delete,
 }
 
-/// A key of a Secret in the app's namespace.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+/// A key of a Secret in the app's namespace. Written as in a Pod's env,
+/// `{secretKeyRef: {name, key}}`, or shorter `{name, key}`; always serialized short.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SecretKeyRef {
     pub name: String,
     pub key: String,
 }
 
+const SECRET_KEY_REF_SHAPE: &str =
+    "a Secret key: {secretKeyRef: {name: <secret>, key: <key>}} or {name: <secret>, key: <key>}";
+
+impl<'de> Deserialize<'de> for SecretKeyRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match d.deserialize_any(SourceVisitor {
+            value_allowed: false,
+        })? {
+            ValueSource::Secret(r) => Ok(r),
+            ValueSource::Value(_) => Err(serde::de::Error::custom(format!(
+                "expected {SECRET_KEY_REF_SHAPE}"
+            ))),
+        }
+    }
+}
+
+/// Reads `{name, key}`, `{secretKeyRef: {name, key}}` and, where allowed, the value itself.
+/// A visitor rather than an untagged enum, so errors carry the field's path; and messages
+/// never repeat the value given (it may be a password written where it does not belong).
+struct SourceVisitor {
+    value_allowed: bool,
+}
+
+impl SourceVisitor {
+    fn not_a_value<E: serde::de::Error>(&self) -> E {
+        E::custom(format!(
+            "expected {SECRET_KEY_REF_SHAPE}, not a value: the value belongs in a Secret"
+        ))
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for SourceVisitor {
+    type Value = ValueSource;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.value_allowed {
+            write!(f, "the value itself (a string) or ")?;
+        }
+        f.write_str(SECRET_KEY_REF_SHAPE)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ValueSource, E> {
+        if self.value_allowed {
+            Ok(ValueSource::Value(v.to_string()))
+        } else {
+            Err(self.not_a_value())
+        }
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ValueSource, E> {
+        self.visit_str(&v.to_string())
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ValueSource, E> {
+        self.visit_str(&v.to_string())
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<ValueSource, E> {
+        Err(self.not_a_value())
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<ValueSource, E> {
+        Err(self.not_a_value())
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ValueSource, A::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Short {
+            name: String,
+            key: String,
+        }
+        let (mut name, mut key, mut nested) = (None, None, None);
+        while let Some(k) = map.next_key::<String>()? {
+            match k.as_str() {
+                "name" => name = Some(map.next_value::<String>()?),
+                "key" => key = Some(map.next_value::<String>()?),
+                "secretKeyRef" => nested = Some(map.next_value::<Short>()?),
+                other => {
+                    return Err(serde::de::Error::custom(format!(
+                        "unknown field `{other}`, expected {SECRET_KEY_REF_SHAPE}"
+                    )));
+                }
+            }
+        }
+        match (name, key, nested) {
+            (Some(name), Some(key), None) | (None, None, Some(Short { name, key })) => {
+                Ok(ValueSource::Secret(SecretKeyRef { name, key }))
+            }
+            _ => Err(serde::de::Error::custom(format!(
+                "expected {SECRET_KEY_REF_SHAPE}"
+            ))),
+        }
+    }
+}
+
+impl JsonSchema for SecretKeyRef {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "SecretKeyRef".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        secret_key_ref_schema()
+    }
+}
+
+fn secret_key_ref_schema() -> schemars::Schema {
+    let name = serde_json::json!({"type": "string", "minLength": 1, "description": "Name of a Secret in the app's namespace."});
+    let key =
+        serde_json::json!({"type": "string", "minLength": 1, "description": "Key in the Secret."});
+    schemars::json_schema!({
+        "type": "object",
+        "description": "A key of a Secret in the app's namespace: {secretKeyRef: {name, key}} or {name, key}.",
+        "properties": {
+            "name": name,
+            "key": key,
+            "secretKeyRef": {"type": "object", "required": ["name", "key"], "properties": {"name": name, "key": key}},
+        },
+        "x-kubernetes-validations": [{
+            "rule": "has(self.secretKeyRef) ? !has(self.name) && !has(self.key) : has(self.name) && has(self.key)",
+            "message": "a Secret key is {secretKeyRef: {name: <secret>, key: <key>}} or {name: <secret>, key: <key>}",
+        }],
+    })
+}
+
+/// A value written in the spec, or read from a key of a Secret in the app's namespace:
+/// `alice`, `{secretKeyRef: {name, key}}` or `{name, key}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValueSource {
+    Value(String),
+    Secret(SecretKeyRef),
+}
+
+impl Default for ValueSource {
+    fn default() -> Self {
+        ValueSource::Value(String::new())
+    }
+}
+
+impl Serialize for ValueSource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ValueSource::Value(v) => s.serialize_str(v),
+            ValueSource::Secret(r) => r.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ValueSource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(SourceVisitor {
+            value_allowed: true,
+        })
+    }
+}
+
+impl JsonSchema for ValueSource {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ValueSource".into()
+    }
+    // A string or an object is not a structural schema: the field is left open for the API
+    // server and checked where the app is read (the operator, the worker).
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "x-kubernetes-preserve-unknown-fields": true,
+            "description": "The value itself (a string), or a Secret key: {secretKeyRef: {name, key}} or {name, key}.",
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TlsSpec {
-    /// CA certificate (PEM) that signed the brokers' certificates.
+    /// CA certificate (PEM) that signed the brokers' certificates; default: the system's CAs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<SecretKeyRef>,
-    /// Client certificate and key (PEM) for mutual TLS.
+    /// Client certificate (PEM) for mutual TLS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert: Option<SecretKeyRef>,
+    /// Client private key (PEM) for mutual TLS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<SecretKeyRef>,
+    /// Password of the client private key, if it is encrypted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_password: Option<SecretKeyRef>,
+}
+
+/// SASL mechanisms that authenticate with a username and a password.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum SaslMechanism {
+    #[default]
+    #[serde(rename = "PLAIN")]
+    Plain,
+    #[serde(rename = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[serde(rename = "SCRAM-SHA-512")]
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    /// The name Kafka and librdkafka use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SaslSpec {
     /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
-    pub mechanism: String,
-    pub username: SecretKeyRef,
+    pub mechanism: SaslMechanism,
+    /// The username itself, or a Secret key holding it.
+    pub username: ValueSource,
+    /// A Secret key holding the password.
     pub password: SecretKeyRef,
 }
 
@@ -157,13 +355,17 @@ pub struct KafkaSpec {
     /// Replication factor of internal topics; default min(3, number of brokers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication_factor: Option<i32>,
-    /// Extra librdkafka client properties (e.g. `security.protocol`), applied to every client.
+    /// Extra librdkafka client properties, applied to every client (eddy's own clients and
+    /// the operator's). No credentials: they would be stored in the app's ConfigMap; use
+    /// `tls` and `sasl`, which read them from Secrets.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub properties: std::collections::BTreeMap<String, String>,
-    /// TLS to the brokers, with certificates from Secrets (operator: mounted into the pods).
+    /// TLS to the brokers, with certificates and keys from Secrets (operator: mounted into the
+    /// pods, and read in memory by the operator's own admin client).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
-    /// SASL credentials from Secrets (operator: passed to the pods as environment).
+    /// SASL authentication, the password from a Secret (operator: passed to the pods as
+    /// environment from the Secret, and read in memory by the operator's own admin client).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sasl: Option<SaslSpec>,
 }

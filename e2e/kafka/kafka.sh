@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Local Apache Kafka (KRaft, combined broker+controller nodes) for eddy's end-to-end tests.
 #
-#   kafka.sh start [--brokers N] [--name NAME]   start (or reuse) a cluster; prints its bootstrap address last
+#   kafka.sh start [--brokers N] [--name NAME] [--sasl] [--tls]
+#                                                start (or reuse) a cluster; prints its bootstrap address last
+#   kafka.sh info [--name NAME]                  print its listeners and test credentials (KEY=VALUE lines)
 #   kafka.sh stop [--name NAME]                  stop it and remove its run dir (idempotent)
 #   kafka.sh bootstrap [--name NAME]             print the bootstrap address, exit 1 if not running
 #   kafka.sh node stop|start|pause|resume --name NAME --node I
@@ -38,7 +40,8 @@ die() {
 
 usage() {
   cat >&2 <<EOF
-usage: kafka.sh start [--brokers N] [--name NAME]
+usage: kafka.sh start [--brokers N] [--name NAME] [--sasl] [--tls]
+       kafka.sh info [--name NAME]
        kafka.sh stop [--name NAME]
        kafka.sh bootstrap [--name NAME]
        kafka.sh node stop|start|pause|resume [--name NAME] --node I
@@ -47,6 +50,11 @@ usage: kafka.sh start [--brokers N] [--name NAME]
 
 Kafka $KAFKA_VERSION (EDDY_KAFKA_VERSION), KRaft combined-mode nodes on 127.0.0.1.
 NAME defaults to 'default', N to 1 (max $MAX_BROKERS).
+--sasl adds a SASL_PLAINTEXT listener (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512; user 'eddy' with a
+random password), --tls an SSL listener that requires a client certificate (a CA, broker and
+client certificates made with openssl and keytool, cached in \$EDDY_CACHE/kafka/tls), both
+also a SASL_SSL listener. PLAINTEXT stays the first listener and the printed address; 'info'
+prints the others, the credentials and the PEM files.
 
 tool aliases:
 $(tool_aliases | awk '{printf "  %-24s %s\n", $1, $2}')
@@ -225,6 +233,8 @@ ensure_libs() {
 NAME=default
 BROKERS=1
 RUN_DIR=
+SASL=0
+TLS=0
 
 parse_opts() { # parse_opts ALLOW_BROKERS args...
   local allow_brokers="$1"
@@ -239,6 +249,10 @@ parse_opts() { # parse_opts ALLOW_BROKERS args...
     --brokers=*)
       [[ $allow_brokers == 1 ]] || die "--brokers only applies to 'start'"
       BROKERS="${1#--brokers=}"; shift ;;
+    --sasl | --tls)
+      [[ $allow_brokers == 1 ]] || die "$1 only applies to 'start'"
+      if [[ $1 == --sasl ]]; then SASL=1; else TLS=1; fi
+      shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unexpected argument '$1' (see 'kafka.sh help')" ;;
     esac
@@ -352,18 +366,116 @@ gen_cluster_id() { # 16 random bytes, URL-safe base64 without padding, like Uuid
   echo "$id"
 }
 
-write_node_config() { # write_node_config ID BROKER_PORT CONTROLLER_PORT VOTERS
+# ---------------------------------------------------------------------------- secured listeners
+
+SASL_USER=eddy
+SASL_PASSWORD=
+SASL_MECHANISMS=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+TLS_DIR="$CACHE_ROOT/kafka/tls"
+# Password of the broker's PKCS#12 key and trust stores (test fixtures, not secrets).
+STORE_PASSWORD=eddy-test-store
+
+secure_listeners() { # the extra listeners --sasl / --tls ask for, one per line
+  if ((SASL)); then echo SASL_PLAINTEXT; fi
+  if ((TLS)); then echo SSL; fi
+  if ((SASL && TLS)); then echo SASL_SSL; fi
+}
+
+# A CA, a broker certificate for 127.0.0.1/localhost in a PKCS#12 key store, a PKCS#12 trust
+# store holding the CA, and a client certificate and key in PEM: made once, valid 10 years.
+ensure_tls() {
+  [[ -f $TLS_DIR/done ]] && return 0
+  lock 6 "$CACHE_ROOT/kafka/tls.lock"
+  if [[ -f $TLS_DIR/done ]]; then
+    unlock 6
+    return 0
+  fi
+  command -v openssl >/dev/null 2>&1 || die "openssl not found on PATH: --tls needs it (apt-get install openssl)"
+  command -v keytool >/dev/null 2>&1 || die "keytool not found on PATH: --tls needs it (it comes with Java 17)"
+  log "making test certificates in $TLS_DIR (first --tls start only)..."
+  local tmp="$TLS_DIR.tmp.$$"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  if ! (
+    set -e
+    cd "$tmp"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=eddy test CA" \
+      -keyout ca.key -out ca.crt
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n' >broker.ext
+    printf 'extendedKeyUsage=clientAuth\n' >client.ext
+    for who in broker client; do
+      openssl req -newkey rsa:2048 -nodes -subj "/CN=eddy-$who" -keyout "$who.key" -out "$who.csr"
+      openssl x509 -req -in "$who.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+        -extfile "$who.ext" -out "$who.crt"
+    done
+    openssl pkcs12 -export -in broker.crt -inkey broker.key -certfile ca.crt -name broker \
+      -out broker.p12 -passout "pass:$STORE_PASSWORD"
+    keytool -importcert -noprompt -alias ca -file ca.crt -storetype PKCS12 \
+      -keystore truststore.p12 -storepass "$STORE_PASSWORD"
+    rm -f ./*.csr ./*.ext ./*.srl
+  ) >"$tmp.log" 2>&1 </dev/null 6>&-; then
+    cat "$tmp.log" >&2
+    rm -rf "$tmp" "$tmp.log"
+    die "making test certificates failed (log above)"
+  fi
+  rm -f "$tmp.log"
+  rm -rf "$TLS_DIR"
+  mv "$tmp" "$TLS_DIR"
+  date >"$TLS_DIR/done"
+  unlock 6
+}
+
+# server.properties lines for the secured listeners (none without --sasl / --tls).
+secure_config() {
+  local l
+  ((SASL || TLS)) || return 0
+  echo
+  echo "# Secured listeners (--sasl / --tls); inter-broker and controller traffic stays PLAINTEXT."
+  if ((SASL)); then
+    echo "sasl.enabled.mechanisms=$SASL_MECHANISMS"
+    for l in $(secure_listeners); do
+      [[ $l == SASL_* ]] || continue
+      l="$(tr 'A-Z' 'a-z' <<<"$l")"
+      echo "listener.name.$l.sasl.enabled.mechanisms=$SASL_MECHANISMS"
+      echo "listener.name.$l.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$SASL_USER=\"$SASL_PASSWORD\";"
+      echo "listener.name.$l.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+      echo "listener.name.$l.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    done
+  fi
+  if ((TLS)); then
+    echo "ssl.keystore.type=PKCS12"
+    echo "ssl.keystore.location=$TLS_DIR/broker.p12"
+    echo "ssl.keystore.password=$STORE_PASSWORD"
+    echo "ssl.truststore.type=PKCS12"
+    echo "ssl.truststore.location=$TLS_DIR/truststore.p12"
+    echo "ssl.truststore.password=$STORE_PASSWORD"
+    echo "# SSL authenticates clients by certificate; SASL_SSL by SASL (a certificate is optional)."
+    echo "listener.name.ssl.ssl.client.auth=required"
+    if ((SASL)); then echo "listener.name.sasl_ssl.ssl.client.auth=requested"; fi
+  fi
+}
+
+write_node_config() { # write_node_config ID BROKER_PORT CONTROLLER_PORT VOTERS [SECURE_PORT...]
   local id="$1" bport="$2" cport="$3" voters="$4" dir="$RUN_DIR/node-$1"
+  shift 4
   local rf=$((BROKERS < 3 ? BROKERS : 3)) min_isr=$((BROKERS >= 3 ? 2 : 1))
+  local listeners="PLAINTEXT://127.0.0.1:$bport,CONTROLLER://127.0.0.1:$cport"
+  local advertised="PLAINTEXT://127.0.0.1:$bport" map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT" l
+  for l in $(secure_listeners); do
+    listeners+=",$l://127.0.0.1:$1"
+    advertised+=",$l://127.0.0.1:$1"
+    map+=",$l:$l"
+    shift
+  done
   mkdir -p "$dir/data" "$dir/logs"
   cat >"$dir/server.properties" <<EOF
 # Generated by e2e/kafka/kafka.sh for cluster '$NAME' (Kafka $KAFKA_VERSION, $BROKERS node(s)).
 process.roles=broker,controller
 node.id=$id
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://127.0.0.1:$bport,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$bport
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=$listeners
+advertised.listeners=$advertised
+listener.security.protocol.map=$map
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 log.dirs=$dir/data
@@ -395,6 +507,7 @@ log.cleaner.dedupe.buffer.size=33554432
 num.network.threads=2
 num.io.threads=4
 num.recovery.threads.per.data.dir=1
+$(secure_config)
 EOF
 }
 
@@ -460,37 +573,78 @@ launch_node() {
   echo "$!" >"$d/pid"
 }
 
+# The cluster's listeners and test credentials, as `kafka.sh info` prints them (mode 600).
+write_info() { # write_info BROKER_PORT... SECURE_PORTS_OF_NODE...   (BROKERS of each)
+  local bp=("${@:1:BROKERS}") xp=("${@:BROKERS+1}") i k=0 l list ports
+  (
+    umask 077
+    echo "bootstrap=$(bootstrap_of "${bp[@]}")"
+    for l in $(secure_listeners); do
+      list=''
+      for ((i = 0; i < BROKERS; i++)); do
+        read -r -a ports <<<"${xp[$i]}"
+        list+="${list:+,}127.0.0.1:${ports[$k]}"
+      done
+      echo "$(tr 'A-Z' 'a-z' <<<"$l")=$list"
+      k=$((k + 1))
+    done
+    if ((SASL)); then
+      echo "sasl_mechanisms=$SASL_MECHANISMS"
+      echo "sasl_username=$SASL_USER"
+      echo "sasl_password=$SASL_PASSWORD"
+    fi
+    if ((TLS)); then
+      echo "ca_file=$TLS_DIR/ca.crt"
+      echo "client_cert_file=$TLS_DIR/client.crt"
+      echo "client_key_file=$TLS_DIR/client.key"
+    fi
+  ) >"$RUN_DIR/info"
+  echo "sasl=$SASL tls=$TLS" >"$RUN_DIR/security"
+}
+
 # One attempt: ports, configs, format, launch, wait. Returns 2 if a port was taken meanwhile.
 start_attempt() {
   local deadline="$1" i port_list ports=() bports=() cports=() voters='' cluster_id pid d fails
+  local secure=() per_node xports=() scram=()
   rm -rf "$RUN_DIR"
   mkdir -p "$RUN_DIR"
+  read -r -a secure <<<"$(secure_listeners | paste -sd' ' -)"
+  per_node=$((2 + ${#secure[@]}))
 
   lock 8 "$RUN_ROOT/.ports.lock"
-  port_list="$(pick_ports $((2 * BROKERS)))"
+  port_list="$(pick_ports $((per_node * BROKERS)))"
   echo "$port_list" | tr ' ' '\n' >"$RUN_DIR/ports"
   unlock 8
   read -r -a ports <<<"$port_list"
   for ((i = 1; i <= BROKERS; i++)); do
-    bports+=("${ports[$((2 * i - 2))]}")
-    cports+=("${ports[$((2 * i - 1))]}")
-    voters+="${voters:+,}$i@127.0.0.1:${ports[$((2 * i - 1))]}"
+    bports+=("${ports[$((per_node * (i - 1)))]}")
+    cports+=("${ports[$((per_node * (i - 1) + 1))]}")
+    voters+="${voters:+,}$i@127.0.0.1:${ports[$((per_node * (i - 1) + 1))]}"
+    xports+=("${ports[*]:$((per_node * (i - 1) + 2)):${#secure[@]}}")
   done
+  if ((SASL)); then
+    SASL_PASSWORD="$(head -c 64 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | head -c 24)"
+    scram=(--add-scram "SCRAM-SHA-256=[name=$SASL_USER,password=$SASL_PASSWORD]"
+      --add-scram "SCRAM-SHA-512=[name=$SASL_USER,password=$SASL_PASSWORD]")
+  fi
+  if ((TLS)); then ensure_tls; fi
 
   cluster_id="$(gen_cluster_id)"
   echo "$cluster_id" >"$RUN_DIR/cluster-id"
   echo "$KAFKA_VERSION" >"$RUN_DIR/version"
   cp "$SCRIPT_DIR/log4j2-server.properties" "$RUN_DIR/log4j2.properties"
   for ((i = 1; i <= BROKERS; i++)); do
-    write_node_config "$i" "${bports[$((i - 1))]}" "${cports[$((i - 1))]}" "$voters"
+    # shellcheck disable=SC2086 # the node's secure ports, one word each
+    write_node_config "$i" "${bports[$((i - 1))]}" "${cports[$((i - 1))]}" "$voters" ${xports[$((i - 1))]}
   done
+  write_info "${bports[@]}" "${xports[@]}"
 
   # Format every node's storage (static quorum from controller.quorum.voters), in parallel.
   local fmt_pids=()
   for ((i = 1; i <= BROKERS; i++)); do
     d="$RUN_DIR/node-$i"
     run_tool kafka.tools.StorageTool format --cluster-id "$cluster_id" --config "$d/server.properties" \
-      </dev/null >"$d/format.log" 2>&1 7>&- 8>&- 9>&- &
+      ${scram[@]+"${scram[@]}"} </dev/null >"$d/format.log" 2>&1 7>&- 8>&- 9>&- &
     fmt_pids+=("$!")
   done
   for ((i = 1; i <= BROKERS; i++)); do
@@ -571,6 +725,8 @@ cmd_start() {
     have="$(cat "$RUN_DIR/nodes")"
     [[ $have == "$BROKERS" ]] ||
       log "warning: cluster '$NAME' is already running with $have node(s), not $BROKERS; 'kafka.sh stop --name $NAME' first to change that"
+    [[ "$(cat "$RUN_DIR/security" 2>/dev/null || echo 'sasl=0 tls=0')" == "sasl=$SASL tls=$TLS" ]] ||
+      log "warning: cluster '$NAME' is already running with other listeners ($(cat "$RUN_DIR/security" 2>/dev/null || echo 'sasl=0 tls=0')); 'kafka.sh stop --name $NAME' first to change that"
     cat "$RUN_DIR/bootstrap"
     return 0
   fi
@@ -671,6 +827,16 @@ cmd_bootstrap() {
   fi
 }
 
+cmd_info() {
+  parse_opts 0 "$@"
+  if cluster_running && [[ -f $RUN_DIR/info ]]; then
+    cat "$RUN_DIR/info"
+  else
+    log "no running Kafka cluster named '$NAME' (start it with 'kafka.sh start --name $NAME')"
+    exit 1
+  fi
+}
+
 cmd_tool() {
   [[ $# -ge 1 ]] || die "usage: kafka.sh tool <alias|MainClass> [args...]"
   local cls
@@ -692,6 +858,7 @@ main() {
   stop) cmd_stop "$@" ;;
   bootstrap) cmd_bootstrap "$@" ;;
   node) cmd_node "$@" ;;
+  info) cmd_info "$@" ;;
   tool) cmd_tool "$@" ;;
   fetch)
     require_java

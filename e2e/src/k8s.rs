@@ -5,7 +5,8 @@ use crate::repo_root;
 use anyhow::{Result, bail, ensure};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 pub struct ControlPlane {
     name: String,
@@ -99,6 +100,40 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// `kubectl -n NS get WHAT -o jsonpath=PATH`, or "" if it fails (e.g. not found yet).
+    pub fn jsonpath(&self, ns: &str, what: &str, path: &str) -> String {
+        self.kubectl(
+            &["-n", ns, "get", what, "-o", &format!("jsonpath={path}")],
+            None,
+        )
+        .unwrap_or_default()
+    }
+
+    /// What `helm install` of the chart sets up around the operator in `ns`: the namespace,
+    /// the CRD, the operator's ServiceAccount and RBAC. Returns a kubeconfig with exactly the
+    /// ServiceAccount's rights, to run the operator as a local process (release name `t`).
+    pub fn install_operator_rbac(&self, ns: &str, dir: &Path) -> Result<PathBuf> {
+        self.kubectl(&["create", "namespace", ns], None)?;
+        self.install_crd(&repo_root().join("charts/eddy-operator/crds"))?;
+        let rbac = self.tool(
+            "helm",
+            &[
+                "template",
+                "t",
+                "charts/eddy-operator",
+                "--namespace",
+                ns,
+                "--show-only",
+                "templates/serviceaccount.yaml",
+                "--show-only",
+                "templates/rbac.yaml",
+            ],
+            None,
+        )?;
+        self.kubectl(&["apply", "-f", "-"], Some(&rbac))?;
+        self.kubeconfig_for(ns, "t-eddy-operator", dir)
+    }
+
     /// A kubeconfig holding a token of a ServiceAccount: whoever uses it has exactly its rights.
     pub fn kubeconfig_for(&self, ns: &str, sa: &str, dir: &Path) -> Result<PathBuf> {
         let token = self.kubectl(&["-n", ns, "create", "token", sa, "--duration", "2h"], None)?;
@@ -140,5 +175,40 @@ impl Drop for ControlPlane {
             .arg(repo_root().join("e2e/k8s/cluster.sh"))
             .args(["stop", "--name", &self.name])
             .output();
+    }
+}
+
+/// A process of the workspace (the operator, the pod runner) with its stderr in a log file:
+/// SIGTERM when dropped, SIGKILL after 20 s.
+pub struct Process(Child);
+
+impl Process {
+    pub fn spawn(bin: &str, args: &[&str], envs: &[(&str, &Path)], log: &Path) -> Result<Self> {
+        let out = std::fs::File::create(log)?;
+        let child = Command::new(crate::binary(bin)?)
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (*k, *v)))
+            .env("EDDY_LOG", "info,kube=warn")
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()?;
+        Ok(Process(child))
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

@@ -51,16 +51,21 @@ pub fn bootstrap() -> Result<String> {
         if let Ok(a) = std::env::var("EDDY_TEST_BOOTSTRAP") {
             return Ok(a);
         }
-        start_cluster(1, "test")
+        start_cluster(1, "test", &[])
     })
     .clone()
     .map_err(anyhow::Error::msg)
 }
 
-fn start_cluster(brokers: usize, name: &str) -> std::result::Result<String, String> {
+fn start_cluster(
+    brokers: usize,
+    name: &str,
+    options: &[&str],
+) -> std::result::Result<String, String> {
     let out = Command::new("bash")
         .arg(repo_root().join("e2e/kafka/kafka.sh"))
         .args(["start", "--brokers", &brokers.to_string(), "--name", name])
+        .args(options)
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("running e2e/kafka/kafka.sh: {e}"))?;
@@ -77,11 +82,42 @@ fn start_cluster(brokers: usize, name: &str) -> std::result::Result<String, Stri
 /// A cluster of its own for this test process (e.g. 3 brokers where replication matters);
 /// every harness function then talks to it. Stopped when the guard drops.
 pub fn own_cluster(brokers: usize, name: &str) -> Result<ClusterGuard> {
-    let addr = start_cluster(brokers, name).map_err(anyhow::Error::msg)?;
+    own_cluster_with(brokers, name, &[])
+}
+
+fn own_cluster_with(brokers: usize, name: &str, options: &[&str]) -> Result<ClusterGuard> {
+    let addr = start_cluster(brokers, name, options).map_err(anyhow::Error::msg)?;
+    let guard = ClusterGuard(name.to_string());
     if ADDR.set(Ok(addr.clone())).is_err() && bootstrap()? != addr {
         bail!("own_cluster must be called before any other harness function");
     }
-    Ok(ClusterGuard(name.to_string()))
+    Ok(guard)
+}
+
+/// A one-broker cluster of its own with secured listeners (`options`: `--sasl`, `--tls`, as
+/// `kafka.sh start` takes them); the harness functions use its PLAINTEXT listener. Returns
+/// what `kafka.sh info` prints: the `sasl_plaintext`, `ssl` and `sasl_ssl` addresses,
+/// `sasl_username`, `sasl_password`, and the PEM files `ca_file`, `client_cert_file`,
+/// `client_key_file`.
+pub fn own_secured_cluster(
+    name: &str,
+    options: &[&str],
+) -> Result<(ClusterGuard, HashMap<String, String>)> {
+    let guard = own_cluster_with(1, name, options)?;
+    let out = Command::new("bash")
+        .arg(repo_root().join("e2e/kafka/kafka.sh"))
+        .args(["info", "--name", name])
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        bail!("kafka.sh info --name {name} failed ({})", out.status);
+    }
+    let info = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Ok((guard, info))
 }
 
 pub struct ClusterGuard(String);

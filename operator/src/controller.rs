@@ -99,13 +99,22 @@ async fn apply(app: &StatefulStreamApp, ctx: &Ctx) -> Result<Action, Error> {
             .and_then(|s| s.status)
             .map(|s| s.ready_replicas.unwrap_or(0)),
     };
-    let facts = kafka::facts(&app.spec).await;
+    // Credentials are read from the app's Secrets on each reconcile and kept in memory.
+    let conn = match kafka::connect(&ctx.client, &ns, &app.spec).await {
+        Err(kafka::CredentialsError::Unavailable { source, .. }) => return Err(source.into()),
+        conn => conn,
+    };
+    let facts = match &conn {
+        Ok(conn) => kafka::facts(conn).await,
+        Err(e) => KafkaFacts::CredentialsMissing(e.to_string()),
+    };
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let mut desired = reconcile::reconcile(app, &observed, &facts, &now);
 
     if !desired.topics.is_empty()
         && let KafkaFacts::Topics(_) = facts
-        && let Err(e) = kafka::create_topics(&app.spec, &desired.topics).await
+        && let Ok(conn) = &conn
+        && let Err(e) = kafka::create_topics(conn, &app.spec, &desired.topics).await
     {
         desired.events.push(reconcile::Event {
             warning: true,
@@ -236,7 +245,12 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> Option<se
 async fn cleanup(app: &StatefulStreamApp, ctx: &Ctx) -> Result<Action, Error> {
     if app.spec.cleanup_policy == CleanupPolicy::Delete {
         let topics = kafka::internal_topics(&app.spec, &app.name_any()).await;
-        if let Err(e) = kafka::delete_topics(&app.spec, &topics).await {
+        let ns = app.namespace().unwrap_or_default();
+        let deleted = match kafka::connect(&ctx.client, &ns, &app.spec).await {
+            Ok(conn) => kafka::delete_topics(&conn, &topics).await,
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = deleted {
             // Never block deletion forever on an unreachable Kafka: report and go on.
             tracing::warn!(app = %app.name_any(), "deleting internal topics: {e}");
             let ev = Event {

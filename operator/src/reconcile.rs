@@ -14,6 +14,8 @@ pub enum KafkaFacts {
     /// Partition counts of the topics that exist.
     Topics(HashMap<String, i32>),
     Unreachable(String),
+    /// A Secret (or a key of it) that `spec.kafka.tls`/`sasl` names is missing.
+    CredentialsMissing(String),
 }
 
 /// What the cluster shows.
@@ -88,6 +90,9 @@ pub fn reconcile(
     if problem.is_none() {
         match kafka {
             KafkaFacts::Unreachable(e) => problem = Some(("KafkaUnreachable", e.clone())),
+            KafkaFacts::CredentialsMissing(e) => {
+                problem = Some(("KafkaCredentialsMissing", e.clone()))
+            }
             KafkaFacts::Topics(existing) => {
                 let layout = topics::layout(&application_id, &app.spec);
                 let dead_letter = app.spec.on_error == eddy_crds::OnError::DeadLetter;
@@ -599,8 +604,10 @@ mod tests {
             })
             .collect();
         assert_eq!(env["EDDY_KAFKA_CA_FILE"], "/etc/eddy/kafka/ca/ca.crt");
+        assert_eq!(env["EDDY_KAFKA_SASL_USERNAME"], "secret:creds/user");
         assert_eq!(env["EDDY_KAFKA_SASL_PASSWORD"], "secret:creds/pass");
         assert_eq!(env["EDDY_KAFKA_SASL_MECHANISM"], "SCRAM-SHA-512");
+        assert_eq!(env["EDDY_KAFKA_SECURITY_PROTOCOL"], "sasl_ssl");
         let vol = pod
             .volumes
             .iter()
@@ -617,6 +624,74 @@ mod tests {
                 .flatten()
                 .any(|m| m.mount_path == "/etc/eddy/kafka/ca")
         );
+    }
+
+    #[test]
+    fn a_literal_sasl_username_is_plain_environment_the_password_a_secret_ref() {
+        let with = app(&PV.replace(
+            "replicas: 2\n",
+            "replicas: 2\n  kafka:\n    sasl: {mechanism: PLAIN, username: alice, password: {secretKeyRef: {name: creds, key: pass}}}\n",
+        ));
+        let d = reconcile(&with, &Observed::default(), &kafka(&[("views", 2)]), "t0");
+        let pod = d
+            .objects
+            .expect("objects")
+            .stateful_set
+            .spec
+            .template
+            .spec
+            .expect("pod spec");
+        let env = |name: &str| {
+            pod.containers[0]
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == name)
+                .cloned()
+                .expect("env var")
+        };
+        assert_eq!(
+            env("EDDY_KAFKA_SASL_USERNAME").value.as_deref(),
+            Some("alice")
+        );
+        let password = env("EDDY_KAFKA_SASL_PASSWORD");
+        assert_eq!(password.value, None);
+        let r = password
+            .value_from
+            .and_then(|f| f.secret_key_ref)
+            .expect("secretKeyRef");
+        assert_eq!((r.name.as_str(), r.key.as_str()), ("creds", "pass"));
+        assert_eq!(
+            env("EDDY_KAFKA_SECURITY_PROTOCOL").value.as_deref(),
+            Some("sasl_plaintext")
+        );
+        assert!(
+            pod.volumes.iter().flatten().all(|v| v.secret.is_none()),
+            "SASL alone mounts nothing"
+        );
+    }
+
+    #[test]
+    fn missing_kafka_credentials_are_degraded_with_the_message() {
+        let d = reconcile(
+            &app(PV),
+            &Observed::default(),
+            &KafkaFacts::CredentialsMissing(
+                "spec.kafka.sasl.password: secret ns/creds not found".into(),
+            ),
+            "t0",
+        );
+        assert_eq!(d.status.phase, Some(Phase::Degraded));
+        let deg = d
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .expect("condition");
+        assert_eq!(deg.reason, "KafkaCredentialsMissing");
+        assert!(deg.message.contains("ns/creds"), "{}", deg.message);
+        assert!(d.topics.is_empty() && d.status.assignment.is_none());
+        assert_eq!(d.events.len(), 1);
     }
 
     #[test]

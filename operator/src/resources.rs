@@ -356,52 +356,46 @@ fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet,
 }
 
 /// TLS material mounted from Secrets (the worker reads the files named by
-/// `EDDY_KAFKA_*_FILE`), SASL credentials passed from Secrets as environment: they never
-/// appear in the ConfigMap.
+/// `EDDY_KAFKA_*_FILE`), SASL credentials passed from Secrets as environment (a literal
+/// username as a plain value): they never appear in the ConfigMap. Which property gets what
+/// is `eddy_crds::security`, shared with the worker and the operator's admin client.
 fn kafka_credentials(
     kafka: &eddy_crds::spec::KafkaSpec,
 ) -> (Vec<EnvVar>, Vec<Volume>, Vec<VolumeMount>) {
+    use eddy_crds::security::{Source, client_security};
     let (mut envs, mut volumes, mut mounts) = (Vec::new(), Vec::new(), Vec::new());
-    let tls = kafka.tls.clone().unwrap_or_default();
-    for (what, file, r) in [
-        ("ca", "ca.crt", &tls.ca),
-        ("cert", "tls.crt", &tls.cert),
-        ("key", "tls.key", &tls.key),
-    ] {
-        let Some(r) = r else { continue };
-        let dir = format!("/etc/eddy/kafka/{what}");
-        volumes.push(Volume {
-            name: format!("kafka-{what}"),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(r.name.clone()),
-                items: Some(vec![KeyToPath {
-                    key: r.key.clone(),
-                    path: file.into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: format!("kafka-{what}"),
-            mount_path: dir.clone(),
-            read_only: Some(true),
-            ..Default::default()
-        });
-        envs.push(env(
-            &format!("EDDY_KAFKA_{}_FILE", what.to_uppercase()),
-            &format!("{dir}/{file}"),
-        ));
+    let security = client_security(kafka);
+    for (setting, value) in &security.settings {
+        envs.push(env(setting.env(), value));
     }
-    if let Some(sasl) = &kafka.sasl {
-        envs.push(env("EDDY_KAFKA_SASL_MECHANISM", &sasl.mechanism));
-        for (name, r) in [
-            ("EDDY_KAFKA_SASL_USERNAME", &sasl.username),
-            ("EDDY_KAFKA_SASL_PASSWORD", &sasl.password),
-        ] {
-            envs.push(EnvVar {
-                name: name.into(),
+    for (credential, source) in &security.credentials {
+        match (credential.file(), source) {
+            (Some(f), Source::Secret(r)) => {
+                let dir = format!("/etc/eddy/kafka/{}", f.dir);
+                volumes.push(Volume {
+                    name: format!("kafka-{}", f.dir),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: Some(r.name.clone()),
+                        items: Some(vec![KeyToPath {
+                            key: r.key.clone(),
+                            path: f.file.into(),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+                mounts.push(VolumeMount {
+                    name: format!("kafka-{}", f.dir),
+                    mount_path: dir.clone(),
+                    read_only: Some(true),
+                    ..Default::default()
+                });
+                envs.push(env(credential.env(), &format!("{dir}/{}", f.file)));
+            }
+            (_, Source::Value(v)) => envs.push(env(credential.env(), v)),
+            (None, Source::Secret(r)) => envs.push(EnvVar {
+                name: credential.env().into(),
                 value_from: Some(EnvVarSource {
                     secret_key_ref: Some(SecretKeySelector {
                         name: r.name.clone(),
@@ -411,7 +405,7 @@ fn kafka_credentials(
                     ..Default::default()
                 }),
                 ..Default::default()
-            });
+            }),
         }
     }
     (envs, volumes, mounts)

@@ -38,8 +38,9 @@ pub enum ConfigError {
 /// Values given on the command line or in the environment; they win over the file.
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
-    /// `EDDY_KAFKA_CA_FILE`, `_CERT_FILE`, `_KEY_FILE`, `_SASL_MECHANISM`, `_SASL_USERNAME`,
-    /// `_SASL_PASSWORD`, as (name without the prefix, value).
+    /// `EDDY_KAFKA_*` variables (`_CA_FILE`, `_CERT_FILE`, `_KEY_FILE`, `_KEY_PASSWORD`,
+    /// `_SASL_MECHANISM`, `_SASL_USERNAME`, `_SASL_PASSWORD`, `_SECURITY_PROTOCOL`: see
+    /// `eddy_crds::security`), as (name, value).
     pub kafka_security: Vec<(String, String)>,
     pub bootstrap_servers: Option<String>,
     pub state_dir: Option<PathBuf>,
@@ -214,40 +215,15 @@ impl WorkerConfig {
     }
 }
 
-/// librdkafka settings for TLS and SASL given as `EDDY_KAFKA_*` values.
+/// librdkafka settings for TLS and SASL given as `EDDY_KAFKA_*` values (the mapping is
+/// `eddy_crds::security`, shared with the operator).
 pub fn security_properties(
     given: &[(String, String)],
 ) -> std::collections::BTreeMap<String, String> {
-    let get = |k: &str| given.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let mut p = std::collections::BTreeMap::new();
-    for (env, prop) in [
-        ("CA_FILE", "ssl.ca.location"),
-        ("CERT_FILE", "ssl.certificate.location"),
-        ("KEY_FILE", "ssl.key.location"),
-    ] {
-        if let Some(v) = get(env) {
-            p.insert(prop.to_string(), v);
-        }
-    }
-    let tls = !p.is_empty();
-    if let Some(m) = get("SASL_MECHANISM") {
-        p.insert("sasl.mechanisms".into(), m);
-        for (env, prop) in [
-            ("SASL_USERNAME", "sasl.username"),
-            ("SASL_PASSWORD", "sasl.password"),
-        ] {
-            if let Some(v) = get(env) {
-                p.insert(prop.into(), v);
-            }
-        }
-        p.insert(
-            "security.protocol".into(),
-            if tls { "sasl_ssl" } else { "sasl_plaintext" }.into(),
-        );
-    } else if tls {
-        p.insert("security.protocol".into(), "ssl".into());
-    }
-    p
+    eddy_crds::security::properties_from_env(given)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 /// Parse a Kubernetes-style quantity of bytes: `256Mi`, `1Gi`, `500M`, `1048576`.
@@ -289,16 +265,16 @@ mod tests {
                 .collect()
         };
         let p = security_properties(&given(&[
-            ("CA_FILE", "/ca"),
-            ("SASL_MECHANISM", "PLAIN"),
-            ("SASL_USERNAME", "u"),
-            ("SASL_PASSWORD", "p"),
+            ("EDDY_KAFKA_CA_FILE", "/ca"),
+            ("EDDY_KAFKA_SASL_MECHANISM", "PLAIN"),
+            ("EDDY_KAFKA_SASL_USERNAME", "u"),
+            ("EDDY_KAFKA_SASL_PASSWORD", "p"),
         ]));
         assert_eq!(p["security.protocol"], "sasl_ssl");
         assert_eq!(p["ssl.ca.location"], "/ca");
         assert_eq!(p["sasl.password"], "p");
         assert_eq!(
-            security_properties(&given(&[("CA_FILE", "/ca")]))["security.protocol"],
+            security_properties(&given(&[("EDDY_KAFKA_CA_FILE", "/ca")]))["security.protocol"],
             "ssl"
         );
         assert!(security_properties(&[]).is_empty());

@@ -185,7 +185,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         &a.file,
         Overrides {
             kafka_security: std::env::vars()
-                .filter_map(|(k, v)| Some((k.strip_prefix("EDDY_KAFKA_")?.to_string(), v)))
+                .filter(|(k, _)| k.starts_with("EDDY_KAFKA_"))
                 .collect(),
             bootstrap_servers: a.bootstrap_servers,
             state_dir: a.state_dir,

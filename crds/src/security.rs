@@ -1,0 +1,379 @@
+//! How `spec.kafka.tls` and `spec.kafka.sasl` become librdkafka settings, described once for
+//! every client: the operator's admin client (credentials read from Secrets, kept in memory),
+//! the worker pods (TLS material mounted from Secrets as files, SASL values as environment
+//! from Secrets) and the worker itself (those files and variables into properties). Pure:
+//! which property takes which value, and where the value comes from; reading Secrets and
+//! files is the caller's business.
+
+use crate::spec::{KafkaSpec, SecretKeyRef, ValueSource};
+
+/// A setting that holds no secret: written as a plain value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    SecurityProtocol,
+    SaslMechanism,
+}
+
+impl Setting {
+    pub const ALL: [Setting; 2] = [Setting::SecurityProtocol, Setting::SaslMechanism];
+
+    /// The librdkafka property.
+    pub fn property(self) -> &'static str {
+        match self {
+            Setting::SecurityProtocol => "security.protocol",
+            Setting::SaslMechanism => "sasl.mechanisms",
+        }
+    }
+
+    /// The environment variable that carries it into a worker.
+    pub fn env(self) -> &'static str {
+        match self {
+            Setting::SecurityProtocol => "EDDY_KAFKA_SECURITY_PROTOCOL",
+            Setting::SaslMechanism => "EDDY_KAFKA_SASL_MECHANISM",
+        }
+    }
+}
+
+/// A credential: its value comes from a Secret (the SASL username may also be written in the
+/// spec).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Credential {
+    CaCert,
+    ClientCert,
+    ClientKey,
+    KeyPassword,
+    SaslUsername,
+    SaslPassword,
+}
+
+/// A file a worker reads TLS material from: mounted from a Secret under
+/// `/etc/eddy/kafka/<dir>/<file>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CredentialFile {
+    /// Short name: the mount directory and the volume `kafka-<dir>`.
+    pub dir: &'static str,
+    pub file: &'static str,
+    /// The librdkafka property that takes the file's path.
+    pub property: &'static str,
+}
+
+impl Credential {
+    pub const ALL: [Credential; 6] = [
+        Credential::CaCert,
+        Credential::ClientCert,
+        Credential::ClientKey,
+        Credential::KeyPassword,
+        Credential::SaslUsername,
+        Credential::SaslPassword,
+    ];
+
+    /// The spec field it comes from, for messages.
+    pub fn field(self) -> &'static str {
+        match self {
+            Credential::CaCert => "kafka.tls.ca",
+            Credential::ClientCert => "kafka.tls.cert",
+            Credential::ClientKey => "kafka.tls.key",
+            Credential::KeyPassword => "kafka.tls.keyPassword",
+            Credential::SaslUsername => "kafka.sasl.username",
+            Credential::SaslPassword => "kafka.sasl.password",
+        }
+    }
+
+    /// The librdkafka property that takes the value itself (PEM text for certificates and
+    /// keys): what a client holding the value in memory sets.
+    pub fn property(self) -> &'static str {
+        match self {
+            Credential::CaCert => "ssl.ca.pem",
+            Credential::ClientCert => "ssl.certificate.pem",
+            Credential::ClientKey => "ssl.key.pem",
+            Credential::KeyPassword => "ssl.key.password",
+            Credential::SaslUsername => "sasl.username",
+            Credential::SaslPassword => "sasl.password",
+        }
+    }
+
+    /// Certificates and keys reach a worker as files; passwords and the username as values.
+    pub fn file(self) -> Option<CredentialFile> {
+        let (dir, file, property) = match self {
+            Credential::CaCert => ("ca", "ca.crt", "ssl.ca.location"),
+            Credential::ClientCert => ("cert", "tls.crt", "ssl.certificate.location"),
+            Credential::ClientKey => ("key", "tls.key", "ssl.key.location"),
+            _ => return None,
+        };
+        Some(CredentialFile {
+            dir,
+            file,
+            property,
+        })
+    }
+
+    /// The environment variable that carries it into a worker: the file's path for
+    /// certificates and keys, else the value.
+    pub fn env(self) -> &'static str {
+        match self {
+            Credential::CaCert => "EDDY_KAFKA_CA_FILE",
+            Credential::ClientCert => "EDDY_KAFKA_CERT_FILE",
+            Credential::ClientKey => "EDDY_KAFKA_KEY_FILE",
+            Credential::KeyPassword => "EDDY_KAFKA_KEY_PASSWORD",
+            Credential::SaslUsername => "EDDY_KAFKA_SASL_USERNAME",
+            Credential::SaslPassword => "EDDY_KAFKA_SASL_PASSWORD",
+        }
+    }
+
+    /// Part of TLS (as opposed to SASL).
+    pub fn is_tls(self) -> bool {
+        !matches!(self, Credential::SaslUsername | Credential::SaslPassword)
+    }
+}
+
+/// Where a credential's value is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source<'a> {
+    /// Written in the spec (not a secret: the SASL username).
+    Value(&'a str),
+    Secret(&'a SecretKeyRef),
+}
+
+/// The security settings of a Kafka client for `spec.kafka`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientSecurity<'a> {
+    pub settings: Vec<(Setting, &'static str)>,
+    pub credentials: Vec<(Credential, Source<'a>)>,
+}
+
+/// `security.protocol` for a client with or without TLS and SASL; None for plaintext
+/// (librdkafka's default).
+pub fn security_protocol(tls: bool, sasl: bool) -> Option<&'static str> {
+    match (tls, sasl) {
+        (true, true) => Some("sasl_ssl"),
+        (false, true) => Some("sasl_plaintext"),
+        (true, false) => Some("ssl"),
+        (false, false) => None,
+    }
+}
+
+/// What `spec.kafka.tls` and `spec.kafka.sasl` ask of a client. `tls: {}` alone means TLS
+/// with the system's CAs.
+pub fn client_security(kafka: &KafkaSpec) -> ClientSecurity<'_> {
+    let mut out = ClientSecurity::default();
+    if let Some(p) = security_protocol(kafka.tls.is_some(), kafka.sasl.is_some()) {
+        out.settings.push((Setting::SecurityProtocol, p));
+    }
+    if let Some(tls) = &kafka.tls {
+        for (c, r) in [
+            (Credential::CaCert, &tls.ca),
+            (Credential::ClientCert, &tls.cert),
+            (Credential::ClientKey, &tls.key),
+            (Credential::KeyPassword, &tls.key_password),
+        ] {
+            if let Some(r) = r {
+                out.credentials.push((c, Source::Secret(r)));
+            }
+        }
+    }
+    if let Some(sasl) = &kafka.sasl {
+        out.settings
+            .push((Setting::SaslMechanism, sasl.mechanism.as_str()));
+        let username = match &sasl.username {
+            ValueSource::Value(v) => Source::Value(v),
+            ValueSource::Secret(r) => Source::Secret(r),
+        };
+        out.credentials.push((Credential::SaslUsername, username));
+        out.credentials
+            .push((Credential::SaslPassword, Source::Secret(&sasl.password)));
+    }
+    out
+}
+
+/// librdkafka properties that hold credentials, refused in `kafka.properties` (they would be
+/// stored in the app's ConfigMap, readable by anyone who may read it), with what to use
+/// instead.
+pub const CREDENTIAL_PROPERTIES: &[(&str, &str)] = &[
+    (
+        "sasl.password",
+        "use kafka.sasl.password: {secretKeyRef: {name, key}}",
+    ),
+    (
+        "ssl.key.pem",
+        "use kafka.tls.key: {secretKeyRef: {name, key}}",
+    ),
+    (
+        "ssl.key.password",
+        "use kafka.tls.keyPassword: {secretKeyRef: {name, key}}",
+    ),
+    (
+        "ssl.keystore.password",
+        "use kafka.tls.cert and kafka.tls.key (PEM from Secrets) instead of a keystore",
+    ),
+    (
+        "sasl.oauthbearer.client.secret",
+        "SASL/OAUTHBEARER is not supported yet: use kafka.sasl (PLAIN or SCRAM)",
+    ),
+    (
+        "sasl.oauthbearer.config",
+        "SASL/OAUTHBEARER is not supported yet: use kafka.sasl (PLAIN or SCRAM)",
+    ),
+    (
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "SASL/OAUTHBEARER is not supported yet: use kafka.sasl (PLAIN or SCRAM)",
+    ),
+    (
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "SASL/OAUTHBEARER is not supported yet: use kafka.sasl (PLAIN or SCRAM)",
+    ),
+];
+
+/// Properties given to a worker as `EDDY_KAFKA_*` variables (`given`: name, value): TLS
+/// files by path, SASL values as they are. An explicit `EDDY_KAFKA_SECURITY_PROTOCOL` (the
+/// operator sets it) wins; otherwise the protocol follows from what was given, so a worker
+/// run by hand needs only the credentials.
+pub fn properties_from_env(given: &[(String, String)]) -> Vec<(&'static str, String)> {
+    let get = |name: &str| {
+        given
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let mut out = Vec::new();
+    let mut tls = false;
+    for c in Credential::ALL {
+        if let Some(v) = get(c.env()) {
+            out.push((c.file().map_or(c.property(), |f| f.property), v));
+            tls |= c.is_tls();
+        }
+    }
+    let mechanism = get(Setting::SaslMechanism.env());
+    let protocol = get(Setting::SecurityProtocol.env())
+        .or_else(|| security_protocol(tls, mechanism.is_some()).map(str::to_string));
+    if let Some(m) = mechanism {
+        out.push((Setting::SaslMechanism.property(), m));
+    }
+    if let Some(p) = protocol {
+        out.push((Setting::SecurityProtocol.property(), p));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{SaslMechanism, SaslSpec, TlsSpec};
+
+    fn secret(name: &str, key: &str) -> SecretKeyRef {
+        SecretKeyRef {
+            name: name.into(),
+            key: key.into(),
+        }
+    }
+
+    #[test]
+    fn plaintext_needs_nothing() {
+        assert_eq!(
+            client_security(&KafkaSpec::default()),
+            ClientSecurity::default()
+        );
+    }
+
+    #[test]
+    fn sasl_over_tls_maps_every_credential_to_its_property() {
+        let ca = secret("kafka-ca", "ca.crt");
+        let pass = secret("creds", "password");
+        let kafka = KafkaSpec {
+            tls: Some(TlsSpec {
+                ca: Some(ca.clone()),
+                ..Default::default()
+            }),
+            sasl: Some(SaslSpec {
+                mechanism: SaslMechanism::ScramSha512,
+                username: ValueSource::Value("alice".into()),
+                password: pass.clone(),
+            }),
+            ..Default::default()
+        };
+        let s = client_security(&kafka);
+        assert_eq!(
+            s.settings,
+            [
+                (Setting::SecurityProtocol, "sasl_ssl"),
+                (Setting::SaslMechanism, "SCRAM-SHA-512")
+            ]
+        );
+        assert_eq!(
+            s.credentials,
+            [
+                (Credential::CaCert, Source::Secret(&ca)),
+                (Credential::SaslUsername, Source::Value("alice")),
+                (Credential::SaslPassword, Source::Secret(&pass)),
+            ]
+        );
+        let props: Vec<&str> = s.credentials.iter().map(|(c, _)| c.property()).collect();
+        assert_eq!(props, ["ssl.ca.pem", "sasl.username", "sasl.password"]);
+    }
+
+    #[test]
+    fn tls_alone_is_ssl_even_without_a_ca() {
+        let kafka = KafkaSpec {
+            tls: Some(TlsSpec::default()),
+            ..Default::default()
+        };
+        let s = client_security(&kafka);
+        assert_eq!(s.settings, [(Setting::SecurityProtocol, "ssl")]);
+        assert!(s.credentials.is_empty());
+    }
+
+    #[test]
+    fn worker_environment_becomes_file_and_value_properties() {
+        let given = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let p: std::collections::BTreeMap<_, _> = properties_from_env(&given(&[
+            ("EDDY_KAFKA_CA_FILE", "/ca"),
+            ("EDDY_KAFKA_KEY_FILE", "/key"),
+            ("EDDY_KAFKA_KEY_PASSWORD", "kp"),
+            ("EDDY_KAFKA_SASL_MECHANISM", "PLAIN"),
+            ("EDDY_KAFKA_SASL_USERNAME", "u"),
+            ("EDDY_KAFKA_SASL_PASSWORD", "p"),
+            ("EDDY_KAFKA_VERSION", "ignored"),
+        ]))
+        .into_iter()
+        .collect();
+        assert_eq!(p["security.protocol"], "sasl_ssl");
+        assert_eq!(p["ssl.ca.location"], "/ca");
+        assert_eq!(p["ssl.key.location"], "/key");
+        assert_eq!(p["ssl.key.password"], "kp");
+        assert_eq!(p["sasl.mechanisms"], "PLAIN");
+        assert_eq!(p["sasl.username"], "u");
+        assert_eq!(p["sasl.password"], "p");
+        assert_eq!(p.len(), 7);
+        let only_ca = properties_from_env(&given(&[("EDDY_KAFKA_CA_FILE", "/ca")]));
+        assert!(only_ca.contains(&("security.protocol", "ssl".into())));
+        // The operator says so explicitly, e.g. for TLS with the system's CAs.
+        let explicit = properties_from_env(&given(&[("EDDY_KAFKA_SECURITY_PROTOCOL", "ssl")]));
+        assert_eq!(explicit, [("security.protocol", "ssl".to_string())]);
+        assert!(properties_from_env(&[]).is_empty());
+    }
+
+    #[test]
+    fn every_credential_has_its_own_property_and_variable() {
+        let mut seen = std::collections::HashSet::new();
+        for c in Credential::ALL {
+            assert!(seen.insert(c.property()), "{c:?}");
+            assert!(seen.insert(c.env()), "{c:?}");
+            if let Some(f) = c.file() {
+                assert!(seen.insert(f.property), "{c:?}");
+            }
+            assert!(
+                !CREDENTIAL_PROPERTIES
+                    .iter()
+                    .any(|(p, _)| *p == c.file().map_or("", |f| f.property)),
+                "a file path is no credential"
+            );
+        }
+        for s in Setting::ALL {
+            assert!(seen.insert(s.property()) && seen.insert(s.env()), "{s:?}");
+        }
+    }
+}
