@@ -3,6 +3,7 @@
 //! Kafka facts) to desired objects and status, built from [`resources`] and [`assignment`];
 //! a thin layer applies it.
 
+pub mod app;
 pub mod assignment;
 pub mod controller;
 pub mod kafka;
