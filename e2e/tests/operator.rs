@@ -253,10 +253,14 @@ impl Env {
     }
 }
 
-/// A namespace of one test's own, deleted when the test ends.
+/// A namespace of one test's own and the topics the test uses, deleted when the test ends,
+/// passed or failed.
 struct Namespace<'a> {
     env: &'a Env,
     name: String,
+    /// Prefixes of topics to delete: the namespace's apps' default application ids
+    /// (`<namespace>.`), explicit ones, and the topics the test created.
+    topics: std::cell::RefCell<Vec<String>>,
 }
 
 impl<'a> Namespace<'a> {
@@ -268,7 +272,24 @@ impl<'a> Namespace<'a> {
             args.extend(labels);
             env.kubectl(&args, None)?;
         }
-        Ok(Self { env, name })
+        Ok(Self {
+            env,
+            topics: std::cell::RefCell::new(vec![format!("{name}.")]),
+            name,
+        })
+    }
+
+    /// A new topic of a unique name starting with `prefix`, deleted with the namespace.
+    fn topic(&self, prefix: &str, partitions: i32) -> Result<String> {
+        let name = unique(prefix);
+        self.topics.borrow_mut().push(name.clone());
+        create_topic(&name, partitions)?;
+        Ok(name)
+    }
+
+    /// Delete the topics starting with `prefix` (an explicit application id's) at the end.
+    fn owns_topics(&self, prefix: &str) {
+        self.topics.borrow_mut().push(prefix.to_string());
     }
 }
 
@@ -277,11 +298,11 @@ impl Drop for Namespace<'_> {
         let _ = self
             .env
             .kubectl(&["delete", "namespace", &self.name, "--wait=false"], None);
-        // Internal topics of the namespace's apps (`<namespace>.<name>-...`), should a test
-        // have stopped before deleting its apps.
-        if let Ok(left) = topics_with_prefix(&format!("{}.", self.name)) {
-            let left: Vec<&str> = left.iter().map(String::as_str).collect();
-            let _ = delete_topics(&left);
+        for prefix in self.topics.borrow().iter() {
+            if let Ok(left) = topics_with_prefix(prefix) {
+                let left: Vec<&str> = left.iter().map(String::as_str).collect();
+                let _ = delete_topics(&left);
+            }
         }
     }
 }
@@ -330,9 +351,7 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
     let bs = &env.bs;
 
     let app = unique("op");
-    let (input, output) = (format!("{app}-in"), format!("{app}-out"));
-    create_topic(&input, 4)?;
-    create_topic(&output, 2)?;
+    let (input, output) = (space.topic("op-in", 4)?, space.topic("op-out", 2)?);
     produce_counts(&input, 4000, 40)?;
 
     // Exactly-once: the scale-out below moves tasks between workers, which under
@@ -522,7 +541,6 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
     wait_until(WAIT, || {
         Ok(topics_with_prefix(&format!("{ns}.{app}-counts"))?.is_empty())
     })?;
-    delete_topics(&[&input, &output])?;
     Ok(())
 }
 
@@ -531,9 +549,10 @@ fn a_malformed_app_marks_only_itself_and_stays_deletable() -> Result<()> {
     let env = env()?;
     let (bad_space, good_space) = (Namespace::new(env, &[])?, Namespace::new(env, &[])?);
     let (bad_ns, good_ns) = (bad_space.name.as_str(), good_space.name.as_str());
-    let (input, output) = (unique("malformed-in"), unique("malformed-out"));
-    create_topic(&input, 1)?;
-    create_topic(&output, 1)?;
+    let (input, output) = (
+        good_space.topic("malformed-in", 1)?,
+        good_space.topic("malformed-out", 1)?,
+    );
 
     // `groupBy: 42` passes the CRD's schema (a groupBy is a string or an object, which a
     // structural schema must leave open) but no typed client can read the resource, like
@@ -594,7 +613,6 @@ fn a_malformed_app_marks_only_itself_and_stays_deletable() -> Result<()> {
     )
     .with_context(|| env.logs())?;
     env.delete_apps(good_ns)?;
-    delete_topics(&[&input, &output])?;
     Ok(())
 }
 
@@ -603,8 +621,7 @@ fn objects_the_operator_did_not_create_are_left_alone() -> Result<()> {
     let env = env()?;
     let space = Namespace::new(env, &[])?;
     let ns = space.name.as_str();
-    let input = unique("clash-in");
-    create_topic(&input, 1)?;
+    let input = space.topic("clash-in", 1)?;
     // No workers (0 replicas): this is about objects.
     let app = |extra: &str| app_yaml("clash", 0, &env.bs, &input, "clash-out", extra);
 
@@ -685,7 +702,6 @@ fn objects_the_operator_did_not_create_are_left_alone() -> Result<()> {
             .contains("StatefulSet clash:"))
     })?;
     env.delete_apps(ns)?;
-    delete_topics(&[&input])?;
     Ok(())
 }
 
@@ -694,9 +710,7 @@ fn a_pod_template_adds_env_and_a_sidecar_to_the_worker() -> Result<()> {
     let env = env()?;
     let space = Namespace::new(env, &[])?;
     let ns = space.name.as_str();
-    let (input, output) = (unique("tmpl-in"), unique("tmpl-out"));
-    create_topic(&input, 2)?;
-    create_topic(&output, 1)?;
+    let (input, output) = (space.topic("tmpl-in", 2)?, space.topic("tmpl-out", 1)?);
     produce_counts(&input, 200, 10)?;
     let extra = "  podTemplate:\n    spec:\n      containers:\n        - {name: worker, env: [{name: TEAM, value: blue}]}\n        - {name: proxy, image: envoyproxy/envoy, args: [--version]}\n";
     env.apply(ns, &app_yaml("tmpl", 1, &env.bs, &input, &output, extra))?;
@@ -710,7 +724,6 @@ fn a_pod_template_adds_env_and_a_sidecar_to_the_worker() -> Result<()> {
         "worker env: {env_names}"
     );
     env.delete_apps(ns)?;
-    delete_topics(&[&input, &output])?;
     Ok(())
 }
 
@@ -779,9 +792,10 @@ fn a_restricted_namespace_admits_the_workers_and_the_operator() -> Result<()> {
     .context("the chart's operator pod is refused")?;
 
     // Worker pods are created by the StatefulSet controller, admitted, and run.
-    let (input, output) = (unique("restricted-in"), unique("restricted-out"));
-    create_topic(&input, 2)?;
-    create_topic(&output, 1)?;
+    let (input, output) = (
+        space.topic("restricted-in", 2)?,
+        space.topic("restricted-out", 1)?,
+    );
     produce_counts(&input, 200, 10)?;
     env.apply(ns, &app_yaml("locked", 1, &env.bs, &input, &output, ""))?;
     wait_until(WAIT, || counted(&output, 10, 20)).with_context(|| {
@@ -792,7 +806,6 @@ fn a_restricted_namespace_admits_the_workers_and_the_operator() -> Result<()> {
         )
     })?;
     env.delete_apps(ns)?;
-    delete_topics(&[&input, &output])?;
     Ok(())
 }
 
@@ -800,14 +813,15 @@ fn a_restricted_namespace_admits_the_workers_and_the_operator() -> Result<()> {
 fn apps_of_one_name_in_two_namespaces_run_on_their_own_topics() -> Result<()> {
     let env = env()?;
     let spaces = [Namespace::new(env, &[])?, Namespace::new(env, &[])?];
-    let input = unique("twin-in");
-    create_topic(&input, 2)?;
+    let input = spaces[0].topic("twin-in", 2)?;
     produce_counts(&input, 200, 10)?;
-    let outputs = [unique("twin-a-out"), unique("twin-b-out")];
+    let outputs = [
+        spaces[0].topic("twin-a-out", 1)?,
+        spaces[1].topic("twin-b-out", 1)?,
+    ];
     // Exactly-once: two apps sharing an id would also share transactional ids and fence
     // each other.
     for (space, output) in spaces.iter().zip(&outputs) {
-        create_topic(output, 1)?;
         env.apply(
             &space.name,
             &app_yaml(
@@ -837,7 +851,6 @@ fn apps_of_one_name_in_two_namespaces_run_on_their_own_topics() -> Result<()> {
     for space in &spaces {
         env.delete_apps(&space.name)?;
     }
-    delete_topics(&[&input, &outputs[0], &outputs[1]])?;
     Ok(())
 }
 
@@ -847,12 +860,12 @@ fn an_application_id_used_twice_is_refused_for_the_newer_app() -> Result<()> {
     let (first_space, second_space) = (Namespace::new(env, &[])?, Namespace::new(env, &[])?);
     let (first_ns, second_ns) = (first_space.name.as_str(), second_space.name.as_str());
     let id = unique("shared-id");
-    let input = unique("shared-in");
-    let outputs = [unique("first-out"), unique("second-out")];
-    create_topic(&input, 2)?;
-    for o in &outputs {
-        create_topic(o, 1)?;
-    }
+    first_space.owns_topics(&format!("{id}-"));
+    let input = first_space.topic("shared-in", 2)?;
+    let outputs = [
+        first_space.topic("first-out", 1)?,
+        second_space.topic("second-out", 1)?,
+    ];
     produce_counts(&input, 100, 10)?;
     let extra = format!("  applicationId: {id}\n  cleanupPolicy: Delete\n");
     env.apply(
@@ -898,6 +911,5 @@ fn an_application_id_used_twice_is_refused_for_the_newer_app() -> Result<()> {
     wait_until(WAIT, || {
         Ok(topics_with_prefix(&format!("{id}-"))?.is_empty())
     })?;
-    delete_topics(&[&input, &outputs[0], &outputs[1]])?;
     Ok(())
 }

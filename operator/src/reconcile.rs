@@ -129,8 +129,10 @@ pub fn reconcile(
     }
     let spec_hash = hash(&app.spec);
     let mut hold = BTreeSet::new();
+    // An invalid spec changes no object: the workers keep running what they ran.
     let mut objects = match resources::build(app, &spec_hash, &application_id) {
-        Ok(o) => Some(o),
+        Ok(o) if problems.is_empty() => Some(o),
+        Ok(_) => None,
         Err(e) => {
             problems.push(Problem::new(Reason::InvalidSpec, e));
             None
@@ -592,6 +594,10 @@ mod tests {
         assert_eq!(deg.reason, "InvalidSpec");
         assert!(deg.message.contains("numStandbyReplicas"));
         assert!(d.topics.is_empty());
+        assert!(
+            d.objects.is_none(),
+            "the running workers are left as they are"
+        );
     }
 
     fn report(d: &Desired, state: &str, backlog: i64) -> AppStatus {
