@@ -5,7 +5,8 @@
 //! starts them, they stop when the binary exits. Each test works in namespaces of its own, so
 //! the tests run concurrently. They check what a user would: objects, correct output, status,
 //! scale, bad and malformed apps, objects the operator did not create, pod templates, the
-//! `restricted` Pod Security Standard, application ids, deletion.
+//! `restricted` Pod Security Standard, application ids, deletion. A malformed app exists
+//! before the operators start, so every test also shows it does not disturb other apps.
 
 use anyhow::{Context, Result, anyhow, ensure};
 use eddy_e2e::k8s::ControlPlane;
@@ -52,6 +53,28 @@ struct Env {
     dir: tempfile::TempDir,
     /// HTTP ports of the two operator replicas.
     operators: [u16; 2],
+    /// Namespace of the app `bad` that no typed client can read.
+    malformed: String,
+}
+
+/// An app no typed client can read: `groupBy: 42` passes the CRD's schema (a groupBy is a
+/// string or an object, which a structural schema must leave open) but is no expression,
+/// like a resource stored before a schema change. It carries the operator's finalizer, as an
+/// app the operator had taken on before it became unreadable.
+fn malformed_app(bs: &str) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: bad, finalizers: [eddy.dev/cleanup]}}
+spec:
+  kafka: {{bootstrapServers: "{bs}"}}
+  cleanupPolicy: Delete
+  topology:
+    - from: {{topic: never-created}}
+    - groupBy: 42
+    - count: {{store: counts}}
+"#
+    )
 }
 
 static ENV: OnceLock<std::result::Result<Env, String>> = OnceLock::new();
@@ -123,6 +146,13 @@ fn start() -> Result<Env> {
     )?;
     cp.kubectl(&["apply", "-f", "-"], Some(&rbac))?;
     let op_kubeconfig = cp.kubeconfig_for(NS, "t-eddy-operator", dir.path())?;
+    // The malformed app is there before the operators start: they list it with all others.
+    let malformed = unique("malformed");
+    cp.kubectl(&["create", "namespace", &malformed], None)?;
+    cp.kubectl(
+        &["-n", &malformed, "apply", "-f", "-"],
+        Some(&malformed_app(&bs)),
+    )?;
 
     // Two replicas: one leads, the other waits on the Lease.
     let operators = [free_port()?, free_port()?];
@@ -160,6 +190,7 @@ fn start() -> Result<Env> {
         bs,
         dir,
         operators,
+        malformed,
     };
     wait_until(WAIT, || Ok(env.leaders() == 1.0)).with_context(|| env.logs())?;
     Ok(env)
@@ -547,36 +578,16 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
 #[test]
 fn a_malformed_app_marks_only_itself_and_stays_deletable() -> Result<()> {
     let env = env()?;
-    let (bad_space, good_space) = (Namespace::new(env, &[])?, Namespace::new(env, &[])?);
-    let (bad_ns, good_ns) = (bad_space.name.as_str(), good_space.name.as_str());
+    let bad_ns = env.malformed.as_str();
+    let good_space = Namespace::new(env, &[])?;
+    let good_ns = good_space.name.as_str();
     let (input, output) = (
         good_space.topic("malformed-in", 1)?,
         good_space.topic("malformed-out", 1)?,
     );
 
-    // `groupBy: 42` passes the CRD's schema (a groupBy is a string or an object, which a
-    // structural schema must leave open) but no typed client can read the resource, like
-    // one stored before a schema change. A typed watch of all apps fails on it.
-    let bad = app_yaml(
-        "bad",
-        1,
-        &env.bs,
-        &input,
-        &output,
-        "  cleanupPolicy: Delete\n",
-    )
-    .replace(
-        "    - count: {store: counts}\n",
-        "    - groupBy: 42\n    - count: {store: counts}\n",
-    );
-    env.apply(bad_ns, &bad)?;
     let message = env.wait_degraded(bad_ns, "bad", "InvalidSpec")?;
     ensure!(message.contains("spec.topology[1]"), "{message}");
-    ensure!(
-        env.get(bad_ns, "ssapp/bad", "{.metadata.finalizers}")
-            .contains("eddy.dev/cleanup"),
-        "the operator holds the app with its finalizer"
-    );
     ensure!(
         env.get(bad_ns, "statefulset/bad", "{.metadata.name}")
             .is_empty(),
@@ -612,6 +623,7 @@ fn a_malformed_app_marks_only_itself_and_stays_deletable() -> Result<()> {
         None,
     )
     .with_context(|| env.logs())?;
+    env.kubectl(&["delete", "namespace", bad_ns, "--wait=false"], None)?;
     env.delete_apps(good_ns)?;
     Ok(())
 }
