@@ -269,14 +269,27 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     };
     let uid = raw.uid().unwrap_or_default();
 
+    // What the cluster and Kafka say, asked at the same time: a reconcile takes as long as
+    // the slowest answer, not their sum.
+    let others: Vec<(Kind, String)> = resources::object_names(&app)
+        .into_iter()
+        .filter(|(kind, _)| *kind != Kind::StatefulSet)
+        .collect();
+    let (sts, held, facts) = futures::future::join3(
+        Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns).get_opt(&name),
+        futures::future::try_join_all(
+            others
+                .iter()
+                .map(|(kind, object)| held_by_other(ctx, &ns, *kind, object, &name, &uid)),
+        ),
+        kafka::facts(&app.spec),
+    )
+    .await;
     let mut observed = Observed {
         claims: ctx.apps.state().iter().map(|a| a.claim()).collect(),
         ..Default::default()
     };
-    let sts = Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(&name)
-        .await?;
-    let own_sts = match sts {
+    let own_sts = match sts? {
         Some(s) if controlled_by(&s.metadata, &uid) => {
             observed.ready_replicas = Some(
                 s.status
@@ -296,10 +309,8 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         }
         None => None,
     };
-    for (kind, object) in resources::object_names(&app) {
-        if kind != Kind::StatefulSet
-            && let Some(holder) = held_by_other(ctx, &ns, kind, &object, &name, &uid).await?
-        {
+    for ((kind, object), holder) in others.into_iter().zip(held?) {
+        if let Some(holder) = holder {
             observed.foreign.push(Foreign {
                 kind,
                 name: object,
@@ -308,7 +319,6 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
 
-    let facts = kafka::facts(&app.spec).await;
     let mut desired = reconcile::reconcile(&app, &observed, &facts, &now);
 
     if !desired.topics.is_empty()
