@@ -16,10 +16,50 @@ pub struct AppManifest {
 }
 
 impl AppManifest {
-    /// `spec.applicationId`, else `metadata.name`.
+    /// `spec.applicationId`, else `metadata.name` (a standalone worker knows no namespace).
     pub fn application_id(&self) -> Option<&str> {
         self.spec.application_id.as_deref().or(self.name.as_deref())
     }
+}
+
+/// The application id of an app: `explicit` (`spec.applicationId`) when set; otherwise, for a
+/// resource in a namespace (under the operator), `<namespace>.<name>`, which no other app can
+/// default to because a namespace name cannot contain '.'; without a namespace (a standalone
+/// file), the name. Every name derived from it (internal topics, consumer group,
+/// transactional ids, state dirs) is therefore unique per resource.
+pub fn application_id(namespace: Option<&str>, name: &str, explicit: Option<&str>) -> String {
+    match (explicit, namespace) {
+        (Some(id), _) => id.to_string(),
+        (None, Some(ns)) if !ns.is_empty() => format!("{ns}.{name}"),
+        (None, _) => name.to_string(),
+    }
+}
+
+/// Read a spec from the JSON the API server holds, as strictly as [`parse_app`] reads a file:
+/// a value the CRD schema lets through but the types refuse (`groupBy: 42`, a field of the
+/// wrong type stored before a schema change) comes back with its field path, e.g.
+/// `spec.topology[1]: ...`. The caller validates.
+pub fn spec_from_json(spec: &serde_json::Value) -> Result<AppSpec, ManifestError> {
+    #[derive(Deserialize)]
+    struct Doc {
+        spec: AppSpec,
+    }
+    // Through YAML text, as `parse_app` does, for serde_yaml's field paths; positions in
+    // that generated text mean nothing to the user, so they are cut off.
+    let text = serde_yaml::to_string(&serde_json::json!({ "spec": spec }))
+        .map_err(|e| ManifestError::Yaml(e.to_string()))?;
+    serde_yaml::from_str::<Doc>(&text)
+        .map(|d| d.spec)
+        .map_err(|e| {
+            let mut message = e.to_string();
+            if let Some(l) = e.location() {
+                let at = format!(" at line {} column {}", l.line(), l.column());
+                if let Some(cut) = message.rfind(&at) {
+                    message.replace_range(cut..cut + at.len(), "");
+                }
+            }
+            ManifestError::Yaml(message)
+        })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -633,5 +673,41 @@ spec:
             "{SECURED}  properties: {{security.protocol: ssl, ssl.ca.location: /ca.pem, sasl.username: u}}\n"
         ))
         .expect("no credential");
+    }
+
+    #[test]
+    fn the_default_application_id_is_unique_per_namespace() {
+        assert_eq!(application_id(Some("team-a"), "pv", None), "team-a.pv");
+        assert_eq!(application_id(Some("team-b"), "pv", None), "team-b.pv");
+        assert_eq!(application_id(Some("team-a"), "pv", Some("views")), "views");
+        assert_eq!(application_id(None, "pv", None), "pv");
+        // A valid Kafka topic prefix for the longest names Kubernetes allows a StatefulSet
+        // to have (63-character namespace, 52-character name).
+        let id = application_id(Some(&"n".repeat(63)), &"a.b-c".repeat(10), None);
+        assert!(topics::check_name(&id).is_ok(), "{id}");
+    }
+
+    #[test]
+    fn a_stored_spec_the_types_refuse_is_named_by_its_field() {
+        let spec = serde_json::json!({
+            "replicas": 1,
+            "topology": [{"from": {"topic": "a"}}, {"groupBy": 42}],
+        });
+        let e = spec_from_json(&spec)
+            .expect_err("a number is no expression")
+            .to_string();
+        assert!(
+            e.contains("spec.topology[1].groupBy") && e.contains("expected a jq expression"),
+            "{e}"
+        );
+        assert!(!e.contains(" at line "), "{e}");
+        let spec = serde_json::json!({"replicas": "two", "topology": [{"from": {"topic": "a"}}]});
+        let e = spec_from_json(&spec).expect_err("not a number").to_string();
+        assert!(
+            e.contains("spec.replicas") && e.contains("invalid type"),
+            "{e}"
+        );
+        let ok = spec_from_json(&serde_json::json!({"topology": [{"from": {"topic": "a"}}]}));
+        assert_eq!(ok.expect("valid").topology.len(), 1);
     }
 }

@@ -51,7 +51,8 @@ pub struct AppSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Kafka Streams' `application.id`: prefix of internal topics, transactional ids and the
-    /// consumer group. Defaults to the resource name.
+    /// consumer group. Defaults to `<namespace>.<name>` under the operator (unique in the
+    /// cluster), to the name in a standalone file. An id another app already uses is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub application_id: Option<String>,
     #[serde(default)]
@@ -93,8 +94,11 @@ pub struct AppSpec {
     /// CPU and memory of each worker container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
-    /// Merged into the worker pods' template (labels, annotations, nodeSelector, tolerations,
-    /// affinity, extra env...), as a JSON merge patch.
+    /// Merged into the worker pods' template like a strategic merge patch: `containers` and
+    /// `initContainers` merge by `name` (the `worker` container keeps its own settings and
+    /// gains what you add; env merges by `name`, volumeMounts by `mountPath`, ports by
+    /// `containerPort`; other containers, e.g. sidecars, are added), `volumes` merge by
+    /// `name`, maps merge recursively (`null` removes a key), other lists replace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "open_object")]
     pub pod_template: Option<serde_json::Value>,

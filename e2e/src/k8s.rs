@@ -169,8 +169,10 @@ impl ControlPlane {
     }
 }
 
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
+impl ControlPlane {
+    /// Stop the control plane (idempotent): for one shared by a whole test binary, which
+    /// lives in a static and is never dropped.
+    pub fn stop(&self) {
         let _ = Command::new("bash")
             .arg(repo_root().join("e2e/k8s/cluster.sh"))
             .args(["stop", "--name", &self.name])
@@ -210,5 +212,11 @@ impl Drop for Process {
         }
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop();
     }
 }

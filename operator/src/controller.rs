@@ -1,29 +1,38 @@
-//! The thin layer around [`crate::reconcile::reconcile`]: gathers its inputs (the app, its
-//! StatefulSet, what Kafka says), applies its outputs (objects by server-side apply, internal
-//! topics through the Kafka admin API, status, events), and deletes internal topics on
-//! delete when the app's `cleanupPolicy` says so (finalizer). One failing app only delays
-//! itself: errors are reported on that app and retried with back-off.
+//! The thin layer around [`crate::reconcile::reconcile`]: gathers its inputs (the app, who
+//! holds the names of its objects, its StatefulSet, every app's application id, what Kafka
+//! says), applies its outputs (objects by server-side apply, internal topics through the Kafka
+//! admin API, status, events), and deletes internal topics on delete when the app's
+//! `cleanupPolicy` says so (finalizer). One failing app only delays itself: apps are read
+//! leniently ([`RawApp`]), a refused object is a problem on its app, and errors are retried
+//! with back-off.
 
+use crate::app::RawApp;
 use crate::kafka;
 use crate::metrics::Metrics;
-use crate::reconcile::{self, KafkaFacts, Observed};
-use crate::resources::Objects;
-use eddy_crds::resource::StatefulStreamApp;
+use crate::reconcile::{self, Foreign, KafkaFacts, Observed, Problem, Reason};
+use crate::resources::{self, Kind, Objects};
 use eddy_crds::spec::CleanupPolicy;
 use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalize, finalizer};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const MANAGER: &str = "eddy-operator";
 const FINALIZER: &str = "eddy.dev/cleanup";
+/// The label every object the operator creates carries (`resources::labels`).
+const MANAGED: &str = "app.kubernetes.io/managed-by=eddy-operator";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -31,6 +40,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Kafka(String),
+    #[error("encoding an object: {0}")]
+    Json(#[from] serde_json::Error),
     #[error("finalizer: {0}")]
     Finalizer(String),
 }
@@ -39,11 +50,108 @@ pub struct Ctx {
     pub client: Client,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
+    /// Every app, from the controller's own watch cache: who holds which application id.
+    pub apps: Store<RawApp>,
+    pub owned: OwnedCache,
+}
+
+/// Metadata-only watch caches of the objects the operator labelled as its own, one per kind:
+/// whether this app controls an object is known without a GET per object and reconcile. An
+/// object missing from them (not created yet, or someone else's, unlabelled) costs one GET.
+pub struct OwnedCache {
+    service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
+    roles: Store<PartialObjectMeta<Role>>,
+    role_bindings: Store<PartialObjectMeta<RoleBinding>>,
+    config_maps: Store<PartialObjectMeta<ConfigMap>>,
+    services: Store<PartialObjectMeta<Service>>,
+    pdbs: Store<PartialObjectMeta<PodDisruptionBudget>>,
+}
+
+impl OwnedCache {
+    pub fn start(client: &Client) -> Self {
+        Self {
+            service_accounts: cache(client),
+            roles: cache(client),
+            role_bindings: cache(client),
+            config_maps: cache(client),
+            services: cache(client),
+            pdbs: cache(client),
+        }
+    }
+
+    fn get(&self, kind: Kind, ns: &str, name: &str) -> Option<ObjectMeta> {
+        fn one<K: Resource<DynamicType = ()> + Clone>(
+            s: &Store<PartialObjectMeta<K>>,
+            ns: &str,
+            name: &str,
+        ) -> Option<ObjectMeta> {
+            s.get(&ObjectRef::new(name).within(ns))
+                .map(|m| m.metadata.clone())
+        }
+        match kind {
+            Kind::ServiceAccount => one(&self.service_accounts, ns, name),
+            Kind::Role => one(&self.roles, ns, name),
+            Kind::RoleBinding => one(&self.role_bindings, ns, name),
+            Kind::ConfigMap => one(&self.config_maps, ns, name),
+            Kind::Service => one(&self.services, ns, name),
+            Kind::PodDisruptionBudget => one(&self.pdbs, ns, name),
+            Kind::StatefulSet => None,
+        }
+    }
+}
+
+fn cache<K>(client: &Client) -> Store<PartialObjectMeta<K>>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        // An `Api` of `PartialObjectMeta` makes metadata-only requests.
+        watcher(
+            Api::<PartialObjectMeta<K>>::all(client.clone()),
+            watcher::Config::default().labels(MANAGED),
+        ),
+    )
+    .default_backoff();
+    tokio::spawn(stream.for_each(|e| async move {
+        if let Err(e) = e {
+            tracing::debug!("watching {}: {e}", K::kind(&()));
+        }
+    }));
+    reader
+}
+
+fn api_resource(kind: Kind) -> ApiResource {
+    match kind {
+        Kind::ServiceAccount => ApiResource::erase::<ServiceAccount>(&()),
+        Kind::Role => ApiResource::erase::<Role>(&()),
+        Kind::RoleBinding => ApiResource::erase::<RoleBinding>(&()),
+        Kind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
+        Kind::Service => ApiResource::erase::<Service>(&()),
+        Kind::PodDisruptionBudget => ApiResource::erase::<PodDisruptionBudget>(&()),
+        Kind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
+    }
 }
 
 /// Run the controller until the process stops.
 pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
-    let apps: Api<StatefulStreamApp> = Api::all(client.clone());
+    // Apps are watched as `RawApp`: one resource the types cannot read must not fail the
+    // watch of all of them.
+    let controller = Controller::new(
+        Api::<RawApp>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<StatefulSet>::all(client.clone()),
+        watcher::Config::default(),
+    );
     let ctx = Arc::new(Ctx {
         recorder: Recorder::new(
             client.clone(),
@@ -52,11 +160,12 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
                 instance: Some(identity),
             },
         ),
-        client: client.clone(),
+        apps: controller.store(),
+        owned: OwnedCache::start(&client),
+        client,
         metrics,
     });
-    Controller::new(apps, watcher::Config::default())
-        .owns(Api::<StatefulSet>::all(client), watcher::Config::default())
+    controller
         .shutdown_on_signal()
         .run(reconcile_app, error_policy, ctx)
         .for_each(|r| async move {
@@ -67,10 +176,12 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
         .await;
 }
 
-async fn reconcile_app(app: Arc<StatefulStreamApp>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn reconcile_app(app: Arc<RawApp>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let started = Instant::now();
     let ns = app.namespace().unwrap_or_default();
-    let api: Api<StatefulStreamApp> = Api::namespaced(ctx.client.clone(), &ns);
+    let api: Api<RawApp> = Api::namespaced(ctx.client.clone(), &ns);
+    // The finalizer is added and removed whatever the spec says: an app whose spec cannot
+    // be read stays deletable.
     let result = finalizer(&api, FINALIZER, app, |event| async {
         match event {
             Finalize::Apply(app) => apply(&app, &ctx).await,
@@ -83,33 +194,143 @@ async fn reconcile_app(app: Arc<StatefulStreamApp>, ctx: Arc<Ctx>) -> Result<Act
     result
 }
 
-fn error_policy(app: Arc<StatefulStreamApp>, error: &Error, _ctx: Arc<Ctx>) -> Action {
-    tracing::warn!(app = %app.name_any(), "reconcile failed: {error}");
+fn error_policy(app: Arc<RawApp>, error: &Error, _ctx: Arc<Ctx>) -> Action {
+    tracing::warn!(app = %app.id(), "reconcile failed: {error}");
     Action::requeue(Duration::from_secs(10))
 }
 
-async fn apply(app: &StatefulStreamApp, ctx: &Ctx) -> Result<Action, Error> {
-    let ns = app.namespace().unwrap_or_default();
-    let name = app.name_any();
-    let sts: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), &ns);
-    let observed = Observed {
-        ready_replicas: sts
-            .get_opt(&name)
-            .await?
-            .and_then(|s| s.status)
-            .map(|s| s.ready_replicas.unwrap_or(0)),
+/// True when `meta` names the app with this uid as its controller.
+fn controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// Who holds an object, for a NameConflict message about app `app`.
+fn holder(meta: &ObjectMeta, app: &str) -> String {
+    let refs = meta.owner_references.as_deref().unwrap_or_default();
+    match refs.iter().find(|o| o.controller == Some(true)) {
+        Some(o) if o.kind == eddy_crds::KIND && o.name == app => format!(
+            "its controller is an earlier {} {app} (uid {}) that Kubernetes is still deleting: this resolves itself",
+            o.kind, o.uid
+        ),
+        Some(o) => format!("its controller is {} {}", o.kind, o.name),
+        None if refs.is_empty() => "it was created by someone else and has no owner".into(),
+        None => format!(
+            "it is owned by {}, without a controller",
+            refs.iter()
+                .map(|o| format!("{} {}", o.kind, o.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// Whether an object of this app's may be applied: None when it is the app's own or does
+/// not exist, else who holds it. The watch cache answers for the app's own objects; anything
+/// else is checked with one GET, so a stale cache never leads to touching another's object.
+async fn held_by_other(
+    ctx: &Ctx,
+    ns: &str,
+    kind: Kind,
+    name: &str,
+    app: &str,
+    uid: &str,
+) -> Result<Option<String>, Error> {
+    if ctx
+        .owned
+        .get(kind, ns, name)
+        .is_some_and(|m| controlled_by(&m, uid))
+    {
+        return Ok(None);
+    }
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &api_resource(kind));
+    Ok(match api.get_metadata_opt(name).await? {
+        Some(m) if !controlled_by(&m.metadata, uid) => Some(holder(&m.metadata, app)),
+        _ => None,
+    })
+}
+
+async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
+    let ns = raw.namespace().unwrap_or_default();
+    let name = raw.name_any();
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let prev = raw.status_or_default();
+    let app = match raw.parse() {
+        Ok(app) => app,
+        Err(e) => {
+            tracing::warn!(app = %raw.id(), "spec cannot be read: {e}");
+            let desired = reconcile::unreadable(&raw.metadata, &prev, &e, &now);
+            patch_status(raw, ctx, &desired.status).await?;
+            publish(ctx, raw, &desired.events).await;
+            return Ok(Action::requeue(Duration::from_secs(15)));
+        }
     };
+    let uid = raw.uid().unwrap_or_default();
+
+    // What the cluster and Kafka say, asked at the same time: a reconcile takes as long as
+    // the slowest answer, not their sum.
+    let others: Vec<(Kind, String)> = resources::object_names(&app)
+        .into_iter()
+        .filter(|(kind, _)| *kind != Kind::StatefulSet)
+        .collect();
     // Credentials are read from the app's Secrets on each reconcile and kept in memory.
     let conn = match kafka::connect(&ctx.client, &ns, &app.spec).await {
         Err(kafka::CredentialsError::Unavailable { source, .. }) => return Err(source.into()),
         conn => conn,
     };
-    let facts = match &conn {
-        Ok(conn) => kafka::facts(conn).await,
-        Err(e) => KafkaFacts::CredentialsMissing(e.to_string()),
+    let kafka_facts = async {
+        match &conn {
+            Ok(conn) => kafka::facts(conn).await,
+            Err(e) => KafkaFacts::CredentialsMissing(e.to_string()),
+        }
     };
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let mut desired = reconcile::reconcile(app, &observed, &facts, &now);
+    let (sts, held, facts) = futures::future::join3(
+        Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns).get_opt(&name),
+        futures::future::try_join_all(
+            others
+                .iter()
+                .map(|(kind, object)| held_by_other(ctx, &ns, *kind, object, &name, &uid)),
+        ),
+        kafka_facts,
+    )
+    .await;
+    let mut observed = Observed {
+        claims: ctx.apps.state().iter().map(|a| a.claim()).collect(),
+        ..Default::default()
+    };
+    let own_sts = match sts? {
+        Some(s) if controlled_by(&s.metadata, &uid) => {
+            observed.ready_replicas = Some(
+                s.status
+                    .as_ref()
+                    .and_then(|st| st.ready_replicas)
+                    .unwrap_or(0),
+            );
+            Some(s)
+        }
+        Some(s) => {
+            observed.foreign.push(Foreign {
+                kind: Kind::StatefulSet,
+                name: name.clone(),
+                holder: holder(&s.metadata, &name),
+            });
+            None
+        }
+        None => None,
+    };
+    for ((kind, object), holder) in others.into_iter().zip(held?) {
+        if let Some(holder) = holder {
+            observed.foreign.push(Foreign {
+                kind,
+                name: object,
+                holder,
+            });
+        }
+    }
+
+    let mut desired = reconcile::reconcile(&app, &observed, &facts, &now);
 
     if !desired.topics.is_empty()
         && let KafkaFacts::Topics(_) = facts
@@ -123,10 +344,19 @@ async fn apply(app: &StatefulStreamApp, ctx: &Ctx) -> Result<Action, Error> {
         });
     }
     if let Some(objects) = &desired.objects {
-        apply_objects(ctx, &ns, objects).await?;
+        let refused = apply_objects(ctx, &ns, objects, &desired.hold, own_sts.as_ref()).await?;
+        desired.add_problems(&prev, app.metadata.generation, refused, &now);
     }
-    patch_status(app, ctx, &desired.status).await?;
-    for e in &desired.events {
+    patch_status(raw, ctx, &desired.status).await?;
+    publish(ctx, raw, &desired.events).await;
+    // Degraded apps are retried with back-off; healthy ones are woken by watch events.
+    Ok(Action::requeue(Duration::from_secs(
+        if desired.problems.is_empty() { 300 } else { 15 },
+    )))
+}
+
+async fn publish(ctx: &Ctx, raw: &RawApp, events: &[reconcile::Event]) {
+    for e in events {
         let ev = Event {
             type_: if e.warning {
                 EventType::Warning
@@ -138,68 +368,70 @@ async fn apply(app: &StatefulStreamApp, ctx: &Ctx) -> Result<Action, Error> {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(err) = ctx.recorder.publish(&ev, &app.object_ref(&())).await {
-            tracing::warn!(app = %name, "publishing an event: {err}");
+        if let Err(err) = ctx.recorder.publish(&ev, &raw.object_ref(&())).await {
+            tracing::warn!(app = %raw.id(), "publishing an event: {err}");
         }
     }
-    let degraded = desired.status.phase == Some(eddy_crds::resource::Phase::Degraded);
-    // Degraded apps are retried with back-off; healthy ones are woken by watch events.
-    Ok(Action::requeue(Duration::from_secs(if degraded {
-        15
-    } else {
-        300
-    })))
 }
 
-async fn apply_one<K>(ctx: &Ctx, ns: &str, obj: &K) -> Result<(), Error>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Serialize
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
-{
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
-    let name = obj.meta().name.clone().unwrap_or_default();
-    let mut v = serde_json::to_value(obj).map_err(|e| Error::Kafka(e.to_string()))?;
-    let dt = K::DynamicType::default();
-    v["apiVersion"] = K::api_version(&dt).into();
-    v["kind"] = K::kind(&dt).into();
-    api.patch(
-        &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&v),
-    )
-    .await?;
-    Ok(())
+/// Server-side apply each object not held back, the StatefulSet last and only when the
+/// objects its pods use are in place. An object the API server refuses is a problem of the
+/// app (the others are still applied); a failure to reach the API server is an error.
+async fn apply_objects(
+    ctx: &Ctx,
+    ns: &str,
+    objects: &Objects,
+    hold: &std::collections::BTreeSet<Kind>,
+    own_sts: Option<&StatefulSet>,
+) -> Result<Vec<Problem>, Error> {
+    let mut problems = Vec::new();
+    let mut refused: Vec<Kind> = Vec::new();
+    for m in objects.manifests()? {
+        if hold.contains(&m.kind)
+            || (m.kind == Kind::StatefulSet && refused.iter().any(|k| k.needed_by_workers()))
+        {
+            continue;
+        }
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), ns, &api_resource(m.kind));
+        match api
+            .patch(
+                &m.name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&m.body),
+            )
+            .await
+        {
+            Ok(_) => {}
+            // 4xx but throttling: the request itself is refused, retrying it as is won't help.
+            Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
+                tracing::warn!(kind = %m.kind, name = %m.name, ns, "apply refused: {}", s.message);
+                refused.push(m.kind);
+                problems.push(Problem::new(
+                    Reason::ApplyFailed,
+                    reconcile::refusal(m.kind, &m.name, &s.message, objects, own_sts),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(problems)
 }
 
-async fn apply_objects(ctx: &Ctx, ns: &str, o: &Objects) -> Result<(), Error> {
-    apply_one(ctx, ns, &o.service_account).await?;
-    apply_one(ctx, ns, &o.role).await?;
-    apply_one(ctx, ns, &o.role_binding).await?;
-    apply_one(ctx, ns, &o.config_map).await?;
-    apply_one(ctx, ns, &o.service).await?;
-    apply_one(ctx, ns, &o.pdb).await?;
-    apply_one(ctx, ns, &o.stateful_set).await?;
-    Ok(())
-}
-
-/// Patch the status by a JSON merge patch holding only what changed. Workers own their
-/// `status.workers.<pod>` entries (server-side apply, one field manager per pod), so the
-/// operator leaves them alone except to remove entries of pods that are gone; and a merge
-/// patch only removes map keys it sets to null, which the diff does for every key dropped.
+/// Patch the status by a JSON merge patch holding only what changed since the stored one.
+/// Workers own their `status.workers.<pod>` entries (server-side apply, one field manager
+/// per pod), so the operator leaves them alone except to remove entries of pods that are
+/// gone; and a merge patch only removes map keys it sets to null, which the diff does for
+/// every key dropped.
 async fn patch_status(
-    app: &StatefulStreamApp,
+    app: &RawApp,
     ctx: &Ctx,
     status: &eddy_crds::resource::AppStatus,
 ) -> Result<(), Error> {
-    let api: Api<StatefulStreamApp> =
+    let api: Api<RawApp> =
         Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
-    let old = serde_json::to_value(app.status.clone().unwrap_or_default())
-        .map_err(|e| Error::Kafka(e.to_string()))?;
-    let new = serde_json::to_value(status).map_err(|e| Error::Kafka(e.to_string()))?;
+    let old = app.status.clone().unwrap_or_else(|| serde_json::json!({}));
+    let new = serde_json::to_value(status)?;
     let Some(diff) = merge_diff(&old, &new) else {
         return Ok(());
     };
@@ -241,27 +473,70 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> Option<se
 }
 
 /// On delete: remove internal topics if the app asked for it, then let Kubernetes' garbage
-/// collector remove the owned objects.
-async fn cleanup(app: &StatefulStreamApp, ctx: &Ctx) -> Result<Action, Error> {
-    if app.spec.cleanup_policy == CleanupPolicy::Delete {
-        let topics = kafka::internal_topics(&app.spec, &app.name_any()).await;
-        let ns = app.namespace().unwrap_or_default();
-        let deleted = match kafka::connect(&ctx.client, &ns, &app.spec).await {
-            Ok(conn) => kafka::delete_topics(&conn, &topics).await,
-            Err(e) => Err(e.to_string()),
+/// collector remove the owned objects. Never blocks deletion: an unreadable spec or an
+/// unreachable Kafka is reported and the finalizer goes.
+async fn cleanup(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
+    let warn = |reason: &'static str, note: String| async move {
+        tracing::warn!(app = %raw.id(), "{note}");
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Cleanup".into(),
+            secondary: None,
         };
-        if let Err(e) = deleted {
-            // Never block deletion forever on an unreachable Kafka: report and go on.
-            tracing::warn!(app = %app.name_any(), "deleting internal topics: {e}");
-            let ev = Event {
-                type_: EventType::Warning,
-                reason: "TopicDeletionFailed".into(),
-                note: Some(e),
-                action: "Cleanup".into(),
-                secondary: None,
-            };
-            let _ = ctx.recorder.publish(&ev, &app.object_ref(&())).await;
+        let _ = ctx.recorder.publish(&ev, &raw.object_ref(&())).await;
+    };
+    let claim = raw.claim();
+    let app = match raw.parse() {
+        Ok(app) => app,
+        Err(e) => {
+            if raw.deletes_topics() {
+                warn(
+                    "TopicDeletionSkipped",
+                    format!(
+                        "the spec cannot be read ({e}), so the internal topics are not known: delete the topics named {:?} followed by a step or store by hand",
+                        format!("{}-", claim.application_id)
+                    ),
+                )
+                .await;
+            }
+            return Ok(Action::await_change());
         }
+    };
+    if app.spec.cleanup_policy != CleanupPolicy::Delete {
+        return Ok(Action::await_change());
+    }
+    // An app refused for using another app's id must not delete that app's topics.
+    if let Some(other) = ctx
+        .apps
+        .state()
+        .iter()
+        .find(|a| claim.yields_to(&a.claim()))
+    {
+        warn(
+            "TopicDeletionSkipped",
+            format!(
+                "applicationId {:?} belongs to StatefulStreamApp {}: its internal topics are left alone",
+                claim.application_id,
+                other.id()
+            ),
+        )
+        .await;
+        return Ok(Action::await_change());
+    }
+    let topics = kafka::internal_topics(&app.spec, &claim.application_id).await;
+    let ns = raw.namespace().unwrap_or_default();
+    let deleted = match kafka::connect(&ctx.client, &ns, &app.spec).await {
+        Ok(conn) => kafka::delete_topics(&conn, &topics).await,
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = deleted {
+        warn(
+            "TopicDeletionFailed",
+            format!("deleting internal topics: {e}"),
+        )
+        .await;
     }
     Ok(Action::await_change())
 }

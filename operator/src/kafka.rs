@@ -322,23 +322,20 @@ pub async fn create_topics(
     Ok(())
 }
 
-/// Names of every internal topic an app may have, whether or not it exists.
-pub async fn internal_topics(spec: &AppSpec, name: &str) -> Vec<String> {
-    let app_id = spec
-        .application_id
-        .clone()
-        .unwrap_or_else(|| name.to_string());
-    let layout = topics::layout(&app_id, spec);
+/// Names of every internal topic an app running under `app_id` may have, whether or not it
+/// exists (`app_id` from `eddy_crds::manifest::application_id`, as everywhere).
+pub async fn internal_topics(spec: &AppSpec, app_id: &str) -> Vec<String> {
+    let layout = topics::layout(app_id, spec);
     let mut names: Vec<String> = layout
         .iter()
         .flat_map(|s| {
             let repartition = s.internal.then(|| s.source.clone());
             repartition
                 .into_iter()
-                .chain(s.stores.iter().map(|st| topics::changelog(&app_id, st)))
+                .chain(s.stores.iter().map(|st| topics::changelog(app_id, st)))
         })
         .collect();
-    names.push(topics::dead_letter(&app_id));
+    names.push(topics::dead_letter(app_id));
     names
 }
 

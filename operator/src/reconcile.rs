@@ -1,12 +1,19 @@
 //! The operator's decision, as a pure function: from the app's spec, what the cluster shows
 //! and what Kafka says, to the objects that should exist, the internal topics to create and
 //! the status to write. No I/O here: `controller.rs` gathers the inputs and applies the result.
+//! What stops an app is a list of [`problems::Problem`]s; they make the `Degraded` condition.
 
+pub mod problems;
+
+use crate::app::AppClaim;
 use crate::assignment;
-use crate::resources::{self, Objects};
+use crate::resources::{self, Kind, Objects};
 use eddy_crds::resource::{AppStatus, Condition, Phase, StatefulStreamApp};
 use eddy_crds::topics::{self, InternalTopic};
-use std::collections::HashMap;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+pub use problems::{Problem, Reason};
+use std::collections::{BTreeSet, HashMap};
 
 /// What Kafka told the operator.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,8 +28,21 @@ pub enum KafkaFacts {
 /// What the cluster shows.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observed {
-    /// `status.readyReplicas` of the worker StatefulSet, if it exists.
+    /// `status.readyReplicas` of the app's own worker StatefulSet, if it exists.
     pub ready_replicas: Option<i32>,
+    /// Objects with the names this app needs that are not this app's.
+    pub foreign: Vec<Foreign>,
+    /// The application ids of every app (this one may be among them).
+    pub claims: Vec<AppClaim>,
+}
+
+/// An object that holds a name this app needs and is not controlled by it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Foreign {
+    pub kind: Kind,
+    pub name: String,
+    /// Who controls it, for the message (e.g. "it has no controller").
+    pub holder: String,
 }
 
 /// A Kubernetes Event to record.
@@ -37,9 +57,32 @@ pub struct Event {
 pub struct Desired {
     /// None when the spec cannot be turned into objects (the status says why).
     pub objects: Option<Objects>,
+    /// Objects of `objects` not to apply: names held by others, the StatefulSet while
+    /// something it needs is missing or the app may not run.
+    pub hold: BTreeSet<Kind>,
     pub topics: Vec<InternalTopic>,
     pub status: AppStatus,
     pub events: Vec<Event>,
+    pub problems: Vec<Problem>,
+}
+
+impl Desired {
+    /// Problems found while carrying the decision out (the API server refused an object):
+    /// they join the status and, when new, become events.
+    pub fn add_problems(
+        &mut self,
+        prev: &AppStatus,
+        generation: Option<i64>,
+        found: Vec<Problem>,
+        now: &str,
+    ) {
+        if found.is_empty() {
+            return;
+        }
+        self.events.extend(warnings(&found, prev));
+        self.problems.extend(found);
+        conclude(&mut self.status, prev, generation, &self.problems, now);
+    }
 }
 
 /// Decide. `now` is an RFC 3339 timestamp for condition transitions.
@@ -52,11 +95,11 @@ pub fn reconcile(
     let name = resources::name(app);
     let prev = app.status.clone().unwrap_or_default();
     let replicas = app.spec.replicas.unwrap_or(1);
-    let application_id = app
-        .spec
-        .application_id
-        .clone()
-        .unwrap_or_else(|| name.clone());
+    let application_id = eddy_crds::manifest::application_id(
+        app.metadata.namespace.as_deref(),
+        &name,
+        app.spec.application_id.as_deref(),
+    );
     let mut status = AppStatus {
         observed_generation: app.metadata.generation,
         replicas,
@@ -70,28 +113,87 @@ pub fn reconcile(
         workers: prev.workers.clone(),
         ..Default::default()
     };
-    let mut events = Vec::new();
 
-    // Problems that leave the app Degraded, first one wins.
-    let mut problem: Option<(&str, String)> = None;
+    // Problems in the order they are found; the first one names the Degraded condition.
+    let mut problems = Vec::new();
     if let Err(e) = eddy_crds::manifest::validate(&app.spec, "spec.") {
-        problem = Some(("InvalidSpec", e.to_string()));
+        problems.push(Problem::new(Reason::InvalidSpec, e.to_string()));
+    }
+    if app.spec.application_id.is_none()
+        && let Err(e) = topics::check_name(&application_id)
+    {
+        problems.push(Problem::new(
+            Reason::InvalidSpec,
+            format!(
+                "the default applicationId (<namespace>.<name>) is no valid Kafka topic prefix: {e}: set spec.applicationId"
+            ),
+        ));
     }
     let spec_hash = hash(&app.spec);
-    let objects = match resources::build(app, &spec_hash) {
-        Ok(o) => Some(o),
+    let mut hold = BTreeSet::new();
+    // An invalid spec changes no object: the workers keep running what they ran.
+    let mut objects = match resources::build(app, &spec_hash, &application_id) {
+        Ok(o) if problems.is_empty() => Some(o),
+        Ok(_) => None,
         Err(e) => {
-            problem.get_or_insert(("InvalidSpec", e));
+            problems.push(Problem::new(Reason::InvalidSpec, e));
             None
         }
     };
 
+    let me = AppClaim {
+        namespace: app.metadata.namespace.clone().unwrap_or_default(),
+        name: name.clone(),
+        uid: app.metadata.uid.clone(),
+        created: app.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        application_id: application_id.clone(),
+    };
+    // The oldest other holder of the id keeps it; this app gets no workers. An existing
+    // StatefulSet is scaled to 0 (not deleted: its volumes keep the state for when the
+    // conflict is resolved), a missing one is not created.
+    if let Some(holder) = observed
+        .claims
+        .iter()
+        .filter(|c| me.yields_to(c))
+        .min_by(|a, b| a.precedence().cmp(&b.precedence()))
+    {
+        problems.push(Problem::new(
+            Reason::ApplicationIdConflict,
+            format!(
+                "applicationId {application_id:?} is already used by StatefulStreamApp {}/{} (created earlier): two apps with one id would share internal topics, consumer group and transactional ids; this app runs no workers until you set another spec.applicationId",
+                holder.namespace, holder.name
+            ),
+        ));
+        if let Some(o) = objects.as_mut() {
+            o.stateful_set.spec.replicas = Some(0);
+        }
+        if observed.ready_replicas.is_none() {
+            hold.insert(Kind::StatefulSet);
+        }
+    }
+
+    for f in &observed.foreign {
+        problems.push(Problem::new(
+            Reason::NameConflict,
+            format!(
+                "{} {} already exists and is not this app's ({}): the operator leaves it alone; rename the app, or delete that {} so the operator can create its own",
+                f.kind, f.name, f.holder, f.kind
+            ),
+        ));
+        hold.insert(f.kind);
+        if f.kind.needed_by_workers() {
+            hold.insert(Kind::StatefulSet);
+        }
+    }
+
     let mut topics_to_create = Vec::new();
-    if problem.is_none() {
+    if problems.is_empty() {
         match kafka {
-            KafkaFacts::Unreachable(e) => problem = Some(("KafkaUnreachable", e.clone())),
+            KafkaFacts::Unreachable(e) => {
+                problems.push(Problem::new(Reason::KafkaUnreachable, e.clone()))
+            }
             KafkaFacts::CredentialsMissing(e) => {
-                problem = Some(("KafkaCredentialsMissing", e.clone()))
+                problems.push(Problem::new(Reason::KafkaCredentialsMissing, e.clone()))
             }
             KafkaFacts::Topics(existing) => {
                 let layout = topics::layout(&application_id, &app.spec);
@@ -99,26 +201,22 @@ pub fn reconcile(
                 match topics::plan(&application_id, &layout, dead_letter, |t| {
                     existing.get(t).copied()
                 }) {
-                    Err(missing) => {
-                        problem = Some((
-                            "SourceTopicMissing",
-                            format!(
-                                "source topic {missing:?} does not exist: create it, the app starts once it does"
-                            ),
-                        ))
-                    }
+                    Err(missing) => problems.push(Problem::new(
+                        Reason::SourceTopicMissing,
+                        format!(
+                            "source topic {missing:?} does not exist: create it, the app starts once it does"
+                        ),
+                    )),
                     Ok((internal, partitions)) => {
                         for t in &internal {
                             match existing.get(&t.name) {
-                                Some(&n) if n != t.partitions => {
-                                    problem.get_or_insert((
-                                        "InternalTopicMismatch",
-                                        format!(
-                                            "internal topic {:?} has {n} partitions, the app needs {}: delete it (its state will be rebuilt)",
-                                            t.name, t.partitions
-                                        ),
-                                    ));
-                                }
+                                Some(&n) if n != t.partitions => problems.push(Problem::new(
+                                    Reason::InternalTopicMismatch,
+                                    format!(
+                                        "internal topic {:?} has {n} partitions, the app needs {}: delete it (its state will be rebuilt)",
+                                        t.name, t.partitions
+                                    ),
+                                )),
                                 Some(_) => {}
                                 None => topics_to_create.push(t.clone()),
                             }
@@ -150,13 +248,102 @@ pub fn reconcile(
         .map(|t| t.restore_backlog)
         .sum();
 
-    let generation = status.assignment.as_ref().map_or(0, |a| a.generation);
+    conclude(&mut status, &prev, app.metadata.generation, &problems, now);
+    Desired {
+        objects,
+        hold,
+        topics: topics_to_create,
+        status,
+        events: warnings(&problems, &prev),
+        problems,
+    }
+}
+
+/// The decision for an app whose spec cannot be read: no objects (what exists keeps
+/// running as it was), the previous status with an `InvalidSpec` problem naming the field.
+pub fn unreadable(meta: &ObjectMeta, prev: &AppStatus, message: &str, now: &str) -> Desired {
+    let problems = vec![Problem::new(
+        Reason::InvalidSpec,
+        format!("the spec cannot be read: {message}: fix it (kubectl edit) or delete the app"),
+    )];
+    let mut status = AppStatus {
+        observed_generation: meta.generation,
+        ..prev.clone()
+    };
+    conclude(&mut status, prev, meta.generation, &problems, now);
+    Desired {
+        objects: None,
+        hold: BTreeSet::new(),
+        topics: Vec::new(),
+        events: warnings(&problems, prev),
+        status,
+        problems,
+    }
+}
+
+/// The message for an object the API server refused: kind, name and its words; and when the
+/// StatefulSet's volumes changed, which Kubernetes never allows, what to do about it.
+pub fn refusal(
+    kind: Kind,
+    name: &str,
+    message: &str,
+    objects: &Objects,
+    existing: Option<&StatefulSet>,
+) -> String {
+    let mut out = format!("{kind} {name}: {message}");
+    let size = |s: &StatefulSet| {
+        s.spec
+            .volume_claim_templates
+            .as_ref()?
+            .first()?
+            .spec
+            .as_ref()?
+            .resources
+            .as_ref()?
+            .requests
+            .as_ref()?
+            .get("storage")
+            .map(|q| q.0.clone())
+    };
+    if kind == Kind::StatefulSet
+        && let Some(old) = existing
+        && let (Some(was), Some(wants)) = (size(old), size(&objects.stateful_set))
+        && was != wants
+    {
+        out.push_str(&format!(
+            " (spec.storage.size changed from {was} to {wants}, but Kubernetes never changes the volumes of an existing StatefulSet: set it back to {was}; or, to resize, grow each PersistentVolumeClaim state-{name}-<n> yourself if its StorageClass allows expansion, then `kubectl delete statefulset {name} --cascade=orphan`: the pods keep running and the operator creates the StatefulSet anew with {wants} for new pods)"
+        ));
+    }
+    out
+}
+
+fn warnings(problems: &[Problem], prev: &AppStatus) -> Vec<Event> {
+    problems::new_since(problems, prev)
+        .into_iter()
+        .map(|p| Event {
+            warning: true,
+            reason: p.reason.to_string(),
+            message: p.message.clone(),
+        })
+        .collect()
+}
+
+/// Phase and conditions from the problems and what the workers report.
+fn conclude(
+    status: &mut AppStatus,
+    prev: &AppStatus,
+    generation: Option<i64>,
+    problems: &[Problem],
+    now: &str,
+) {
+    let replicas = status.replicas;
+    let current = status.assignment.as_ref().map_or(0, |a| a.generation);
     let all_applied = status.assignment.as_ref().is_some_and(|a| {
         a.pods.keys().all(|pod| {
             status
                 .workers
                 .get(pod)
-                .is_some_and(|w| w.applied_generation == generation)
+                .is_some_and(|w| w.applied_generation == current)
         })
     });
     let all_running = status.assignment.as_ref().is_some_and(|a| {
@@ -174,7 +361,8 @@ pub fn reconcile(
         .flat_map(|w| w.tasks.values())
         .any(|t| t.state == "RESTORING");
 
-    let (phase, ready, progressing) = match &problem {
+    let degraded = problems::degraded(problems);
+    let (phase, ready, progressing) = match &degraded {
         Some(_) => (Phase::Degraded, false, false),
         None if all_applied && all_running && status.ready_replicas >= replicas => {
             (Phase::Running, true, false)
@@ -197,63 +385,36 @@ pub fn reconcile(
         ),
         _ => ("Stable", "every task runs where it is assigned".to_string()),
     };
-    let (d_status, d_reason, d_message) = match &problem {
-        Some((reason, message)) => ("True", reason.to_string(), message.clone()),
-        None => (
-            "False",
-            "Healthy".to_string(),
-            "no problem found".to_string(),
-        ),
-    };
+    let (d_reason, d_message) = degraded.unwrap_or(("Healthy", "no problem found".to_string()));
     status.conditions = vec![
         condition(
-            &prev,
+            prev,
             "Ready",
             ready,
             if ready { "Running" } else { "NotReady" },
             &format!("phase {phase:?}"),
-            app,
+            generation,
             now,
         ),
         condition(
-            &prev,
+            prev,
             "Progressing",
             progressing,
             p_reason,
             &p_message,
-            app,
+            generation,
             now,
         ),
         condition(
-            &prev,
+            prev,
             "Degraded",
-            d_status == "True",
-            &d_reason,
+            !problems.is_empty(),
+            d_reason,
             &d_message,
-            app,
+            generation,
             now,
         ),
     ];
-    if let Some((reason, message)) = &problem {
-        // Only when the problem is new, so a stuck app does not flood the event stream.
-        let was = prev
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Degraded" && c.reason == *reason && c.message == *message);
-        if !was {
-            events.push(Event {
-                warning: true,
-                reason: reason.to_string(),
-                message: message.clone(),
-            });
-        }
-    }
-    Desired {
-        objects,
-        topics: topics_to_create,
-        status,
-        events,
-    }
 }
 
 fn condition(
@@ -262,7 +423,7 @@ fn condition(
     on: bool,
     reason: &str,
     message: &str,
-    app: &StatefulStreamApp,
+    generation: Option<i64>,
     now: &str,
 ) -> Condition {
     let status = if on { "True" } else { "False" };
@@ -279,7 +440,7 @@ fn condition(
         reason: reason.into(),
         message: message.into(),
         last_transition_time: Some(since),
-        observed_generation: app.metadata.generation,
+        observed_generation: generation,
     }
 }
 
@@ -299,6 +460,7 @@ fn hash(spec: &eddy_crds::AppSpec) -> String {
 mod tests {
     use super::*;
     use eddy_crds::resource::{TaskStatus, WorkerStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn app(yaml: &str) -> StatefulStreamApp {
         let mut a: StatefulStreamApp = serde_yaml::from_str(yaml).expect("valid app");
@@ -334,7 +496,7 @@ mod tests {
             Some("uid-1".into())
         );
         let names: Vec<&str> = d.topics.iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(names, ["pv-1-repartition", "pv-c-changelog"]);
+        assert_eq!(names, ["ns.pv-1-repartition", "ns.pv-c-changelog"]);
         let a = d.status.assignment.expect("assignment");
         assert_eq!(a.partitions, [4, 4]);
         assert_eq!(a.pods["pv-0"].active.len(), 4);
@@ -346,7 +508,11 @@ mod tests {
 
     #[test]
     fn existing_internal_topics_are_not_created_again() {
-        let facts = kafka(&[("views", 4), ("pv-1-repartition", 4), ("pv-c-changelog", 4)]);
+        let facts = kafka(&[
+            ("views", 4),
+            ("ns.pv-1-repartition", 4),
+            ("ns.pv-c-changelog", 4),
+        ]);
         let d = reconcile(&app(PV), &Observed::default(), &facts, "t0");
         assert!(d.topics.is_empty());
     }
@@ -406,7 +572,7 @@ mod tests {
         let d = reconcile(
             &app(PV),
             &Observed::default(),
-            &kafka(&[("views", 4), ("pv-c-changelog", 2)]),
+            &kafka(&[("views", 4), ("ns.pv-c-changelog", 2)]),
             "t0",
         );
         let deg = d
@@ -433,6 +599,10 @@ mod tests {
         assert_eq!(deg.reason, "InvalidSpec");
         assert!(deg.message.contains("numStandbyReplicas"));
         assert!(d.topics.is_empty());
+        assert!(
+            d.objects.is_none(),
+            "the running workers are left as they are"
+        );
     }
 
     fn report(d: &Desired, state: &str, backlog: i64) -> AppStatus {
@@ -476,6 +646,7 @@ mod tests {
             &restoring,
             &Observed {
                 ready_replicas: Some(0),
+                ..Default::default()
             },
             &facts,
             "t1",
@@ -489,6 +660,7 @@ mod tests {
             &running,
             &Observed {
                 ready_replicas: Some(2),
+                ..Default::default()
             },
             &facts,
             "t2",
@@ -562,7 +734,7 @@ mod tests {
     fn pod_template_override_is_merged() {
         let with = app(&PV.replace(
             "replicas: 2\n",
-            "replicas: 2\n  podTemplate: {metadata: {labels: {team: a}}, spec: {nodeSelector: {disk: ssd}}}\n",
+            "replicas: 2\n  podTemplate: {metadata: {labels: {team: a}}, spec: {nodeSelector: {disk: ssd}, containers: [{name: worker, env: [{name: EXTRA, value: '1'}]}, {name: proxy, image: envoy}]}}\n",
         ));
         let d = reconcile(&with, &Observed::default(), &kafka(&[("views", 2)]), "t0");
         let t = d.objects.expect("objects").stateful_set.spec.template;
@@ -577,7 +749,293 @@ mod tests {
             pod.node_selector.and_then(|n| n.get("disk").cloned()),
             Some("ssd".into())
         );
-        assert_eq!(pod.containers.len(), 1, "merge keeps the worker container");
+        assert_eq!(pod.containers.len(), 2, "the sidecar is added");
+        let worker = &pod.containers[0];
+        assert_eq!(worker.name, "worker");
+        assert_eq!(worker.args.as_deref(), Some(&["run".to_string()][..]));
+        let env: Vec<&str> = worker
+            .env
+            .iter()
+            .flatten()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert!(
+            env.contains(&"EDDY_APP_FILE") && env.contains(&"EXTRA"),
+            "{env:?}"
+        );
+        assert_eq!(pod.containers[1].image.as_deref(), Some("envoy"));
+    }
+
+    fn degraded(d: &Desired) -> (String, String) {
+        let c = d
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+            .expect("Degraded");
+        (c.reason.clone(), c.message.clone())
+    }
+
+    fn env_of(d: &Desired, name: &str) -> Option<String> {
+        let pod = d
+            .objects
+            .as_ref()?
+            .stateful_set
+            .spec
+            .template
+            .spec
+            .as_ref()?;
+        pod.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)?
+            .value
+            .clone()
+    }
+
+    #[test]
+    fn the_default_application_id_is_the_namespace_and_the_name() {
+        let facts = kafka(&[("views", 2)]);
+        let d = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        assert_eq!(env_of(&d, "EDDY_APPLICATION_ID").as_deref(), Some("ns.pv"));
+        let explicit = app(&PV.replace("replicas: 2\n", "replicas: 2\n  applicationId: views\n"));
+        let d = reconcile(&explicit, &Observed::default(), &facts, "t0");
+        assert_eq!(env_of(&d, "EDDY_APPLICATION_ID").as_deref(), Some("views"));
+        assert!(d.topics.iter().all(|t| t.name.starts_with("views-")));
+    }
+
+    fn claim(ns: &str, name: &str, day: u8, id: &str) -> AppClaim {
+        AppClaim {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: Some(format!("{ns}/{name}")),
+            created: format!("2024-01-0{day}T00:00:00Z").parse().ok(),
+            application_id: id.into(),
+        }
+    }
+
+    #[test]
+    fn a_newer_app_with_a_used_application_id_gets_no_workers() {
+        let with_id = |day: u8| {
+            let mut a = app(&PV.replace("replicas: 2\n", "replicas: 2\n  applicationId: shared\n"));
+            a.metadata.creation_timestamp = Some(Time(
+                format!("2024-01-0{day}T00:00:00Z").parse().expect("time"),
+            ));
+            a
+        };
+        let claims = vec![
+            claim("other", "first", 1, "shared"),
+            claim("ns", "pv", 2, "shared"),
+        ];
+        let observed = Observed {
+            claims: claims.clone(),
+            ..Default::default()
+        };
+        let facts = kafka(&[("views", 2)]);
+        let d = reconcile(&with_id(2), &observed, &facts, "t0");
+        let (reason, message) = degraded(&d);
+        assert_eq!(reason, "ApplicationIdConflict");
+        assert!(message.contains("other/first"), "{message}");
+        assert!(
+            d.hold.contains(&Kind::StatefulSet),
+            "no StatefulSet is created"
+        );
+        assert!(d.topics.is_empty(), "no topics for a refused app");
+        assert_eq!(d.events.len(), 1);
+
+        // One that runs already is scaled to 0, not deleted (its volumes keep the state).
+        let running = Observed {
+            ready_replicas: Some(2),
+            claims: claims.clone(),
+            ..Default::default()
+        };
+        let d = reconcile(&with_id(2), &running, &facts, "t0");
+        assert!(!d.hold.contains(&Kind::StatefulSet));
+        assert_eq!(
+            d.objects.expect("objects").stateful_set.spec.replicas,
+            Some(0)
+        );
+
+        // The older app is not touched by the newer one.
+        let mut first = with_id(1);
+        first.metadata.name = Some("first".into());
+        first.metadata.namespace = Some("other".into());
+        first.metadata.uid = Some("other/first".into());
+        let d = reconcile(&first, &observed, &facts, "t0");
+        assert_eq!(d.status.phase, Some(Phase::Pending));
+        assert!(d.hold.is_empty());
+    }
+
+    #[test]
+    fn names_held_by_others_are_left_alone_and_named() {
+        let facts = kafka(&[("views", 2)]);
+        let observed = Observed {
+            foreign: vec![Foreign {
+                kind: Kind::ConfigMap,
+                name: "pv-app".into(),
+                holder: "it has no owner".into(),
+            }],
+            ..Default::default()
+        };
+        let d = reconcile(&app(PV), &observed, &facts, "t0");
+        let (reason, message) = degraded(&d);
+        assert_eq!(reason, "NameConflict");
+        assert!(
+            message.contains("ConfigMap pv-app") && message.contains("rename the app"),
+            "{message}"
+        );
+        assert!(d.hold.contains(&Kind::ConfigMap));
+        assert!(
+            d.hold.contains(&Kind::StatefulSet),
+            "pods would mount someone else's app file"
+        );
+        assert!(!d.hold.contains(&Kind::Service));
+
+        let observed = Observed {
+            foreign: vec![Foreign {
+                kind: Kind::Service,
+                name: "pv-workers".into(),
+                holder: "its controller is Deployment web".into(),
+            }],
+            ..Default::default()
+        };
+        let d = reconcile(&app(PV), &observed, &facts, "t0");
+        assert_eq!(d.hold, BTreeSet::from([Kind::Service]));
+    }
+
+    #[test]
+    fn a_refused_object_is_a_problem_with_one_event() {
+        let facts = kafka(&[("views", 2)]);
+        let mut d = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        assert!(d.problems.is_empty());
+        let refused = || {
+            vec![Problem::new(
+                Reason::ApplyFailed,
+                "StatefulSet pv: spec: Forbidden: updates to statefulset spec are forbidden",
+            )]
+        };
+        d.add_problems(&AppStatus::default(), Some(3), refused(), "t1");
+        let (reason, message) = degraded(&d);
+        assert_eq!(reason, "ApplyFailed");
+        assert!(
+            message.starts_with("StatefulSet pv: spec: Forbidden"),
+            "{message}"
+        );
+        assert_eq!(d.status.phase, Some(Phase::Degraded));
+        assert_eq!(d.events.len(), 1);
+
+        let mut again = app(PV);
+        again.status = Some(d.status.clone());
+        let mut d2 = reconcile(&again, &Observed::default(), &facts, "t2");
+        d2.add_problems(&d.status, Some(3), refused(), "t2");
+        assert!(
+            d2.events.is_empty(),
+            "the same refusal is not announced twice"
+        );
+        let since = d2
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .and_then(|c| c.last_transition_time.clone());
+        assert_eq!(since.as_deref(), Some("t1"));
+    }
+
+    #[test]
+    fn a_refused_storage_change_says_what_to_do() {
+        let facts = kafka(&[("views", 2)]);
+        let old = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        let bigger = app(&PV.replace("replicas: 2\n", "replicas: 2\n  storage: {size: 5Gi}\n"));
+        let new = reconcile(&bigger, &Observed::default(), &facts, "t0");
+        let objects = new.objects.expect("objects");
+        let existing = old.objects.expect("objects").stateful_set;
+        let m = refusal(
+            Kind::StatefulSet,
+            "pv",
+            "spec: Forbidden: updates to statefulset spec for fields other than 'replicas' are forbidden",
+            &objects,
+            Some(&existing),
+        );
+        assert!(m.starts_with("StatefulSet pv: spec: Forbidden"), "{m}");
+        assert!(
+            m.contains("from 1Gi to 5Gi") && m.contains("--cascade=orphan"),
+            "{m}"
+        );
+        let plain = refusal(Kind::Service, "pv-workers", "invalid", &objects, None);
+        assert_eq!(plain, "Service pv-workers: invalid");
+    }
+
+    #[test]
+    fn an_unreadable_app_is_degraded_and_keeps_what_it_had() {
+        let facts = kafka(&[("views", 2)]);
+        let first = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        let a = app(PV);
+        let d = unreadable(
+            &a.metadata,
+            &first.status,
+            "spec.topology[1]: data did not match any variant of untagged enum GroupBy",
+            "t1",
+        );
+        let (reason, message) = degraded(&d);
+        assert_eq!(reason, "InvalidSpec");
+        assert!(message.contains("spec.topology[1]"), "{message}");
+        assert!(d.objects.is_none(), "nothing is applied");
+        assert_eq!(d.status.assignment, first.status.assignment);
+        assert_eq!(d.events.len(), 1);
+    }
+
+    #[test]
+    fn worker_pods_pass_the_restricted_pod_security_standard() {
+        let d = reconcile(
+            &app(PV),
+            &Observed::default(),
+            &kafka(&[("views", 2)]),
+            "t0",
+        );
+        let pod = d
+            .objects
+            .expect("objects")
+            .stateful_set
+            .spec
+            .template
+            .spec
+            .expect("pod spec");
+        let ps = pod.security_context.expect("pod securityContext");
+        assert_eq!(ps.run_as_non_root, Some(true));
+        assert!(ps.run_as_user.is_some_and(|u| u > 0));
+        assert!(ps.run_as_group.is_some_and(|g| g > 0));
+        assert_eq!(ps.fs_group, ps.run_as_group, "the state volume is writable");
+        assert_eq!(
+            ps.seccomp_profile.map(|p| p.type_).as_deref(),
+            Some("RuntimeDefault")
+        );
+        for c in &pod.containers {
+            let cs = c
+                .security_context
+                .clone()
+                .expect("container securityContext");
+            assert_eq!(cs.allow_privilege_escalation, Some(false));
+            assert_eq!(cs.read_only_root_filesystem, Some(true));
+            assert_eq!(
+                cs.capabilities.and_then(|c| c.drop),
+                Some(vec!["ALL".to_string()])
+            );
+            let state = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|m| m.mount_path == resources::STATE_DIR)
+                .expect("state volume");
+            assert_ne!(state.read_only, Some(true));
+        }
+        for v in pod.volumes.iter().flatten() {
+            assert!(
+                v.config_map.is_some() || v.secret.is_some(),
+                "volume {} is of a type restricted allows",
+                v.name
+            );
+        }
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! StatefulSet (a volume per pod for the state dir), its headless Service, the ConfigMap
 //! holding the app file, the ServiceAccount with a Role that lets a worker read its own app
 //! and patch only its own app's status, and a PodDisruptionBudget. Each is owned by the app,
-//! so deleting the app deletes them.
+//! so deleting the app deletes them. Worker pods pass the `restricted` Pod Security Standard.
+
+mod pod_template;
 
 use eddy_crds::resource::StatefulStreamApp;
 use eddy_crds::spec::CleanupPolicy;
@@ -10,11 +12,11 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     HTTPGetAction, KeyToPath, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec, Probe, SecretKeySelector,
-    SecretVolumeSource, Service, ServiceAccount, ServicePort, ServiceSpec, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort,
+    ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -29,6 +31,72 @@ pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/eddy-dev/eddy-worker:", env!("C
 pub const HTTP_PORT: i32 = 9090;
 pub const STATE_DIR: &str = "/var/lib/eddy";
 pub const APP_FILE: &str = "/etc/eddy/app.yaml";
+/// User and group the workers run as (distroless' `nonroot`); the state volume is made
+/// writable for the group through `fsGroup`.
+pub const WORKER_UID: i64 = 65532;
+
+/// The kinds of object an app consists of, in the order they are applied: the StatefulSet
+/// last, because its pods use the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    ServiceAccount,
+    Role,
+    RoleBinding,
+    ConfigMap,
+    Service,
+    PodDisruptionBudget,
+    StatefulSet,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::ServiceAccount => "ServiceAccount",
+            Kind::Role => "Role",
+            Kind::RoleBinding => "RoleBinding",
+            Kind::ConfigMap => "ConfigMap",
+            Kind::Service => "Service",
+            Kind::PodDisruptionBudget => "PodDisruptionBudget",
+            Kind::StatefulSet => "StatefulSet",
+        }
+    }
+
+    /// Objects the worker pods use: without this app's own one, pods would run with another
+    /// object's app file or rights, so the StatefulSet is not applied.
+    pub fn needed_by_workers(self) -> bool {
+        matches!(
+            self,
+            Kind::ServiceAccount | Kind::Role | Kind::RoleBinding | Kind::ConfigMap
+        )
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The name of each object of an app, known before they are built (to check who holds them).
+pub fn object_names(app: &StatefulStreamApp) -> Vec<(Kind, String)> {
+    vec![
+        (Kind::ServiceAccount, worker_account(app)),
+        (Kind::Role, worker_account(app)),
+        (Kind::RoleBinding, worker_account(app)),
+        (Kind::ConfigMap, config_map_name(app)),
+        (Kind::Service, service_name(app)),
+        (Kind::PodDisruptionBudget, name(app)),
+        (Kind::StatefulSet, name(app)),
+    ]
+}
+
+/// One object to apply, as JSON with its `apiVersion` and `kind`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Manifest {
+    pub kind: Kind,
+    pub name: String,
+    pub body: serde_json::Value,
+}
 
 /// Everything one app consists of.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +108,34 @@ pub struct Objects {
     pub role_binding: RoleBinding,
     pub stateful_set: StatefulSet,
     pub pdb: PodDisruptionBudget,
+}
+
+impl Objects {
+    /// Every object as a manifest for server-side apply, in [`Kind`] order.
+    pub fn manifests(&self) -> Result<Vec<Manifest>, serde_json::Error> {
+        fn one<K: Resource<DynamicType = ()> + serde::Serialize>(
+            kind: Kind,
+            obj: &K,
+        ) -> Result<Manifest, serde_json::Error> {
+            let mut body = serde_json::to_value(obj)?;
+            body["apiVersion"] = K::api_version(&()).into();
+            body["kind"] = K::kind(&()).into();
+            Ok(Manifest {
+                kind,
+                name: obj.meta().name.clone().unwrap_or_default(),
+                body,
+            })
+        }
+        Ok(vec![
+            one(Kind::ServiceAccount, &self.service_account)?,
+            one(Kind::Role, &self.role)?,
+            one(Kind::RoleBinding, &self.role_binding)?,
+            one(Kind::ConfigMap, &self.config_map)?,
+            one(Kind::Service, &self.service)?,
+            one(Kind::PodDisruptionBudget, &self.pdb)?,
+            one(Kind::StatefulSet, &self.stateful_set)?,
+        ])
+    }
 }
 
 pub fn name(app: &StatefulStreamApp) -> String {
@@ -97,7 +193,16 @@ pub fn service_name(app: &StatefulStreamApp) -> String {
     format!("{}-workers", name(app))
 }
 
-pub fn build(app: &StatefulStreamApp, spec_hash: &str) -> Result<Objects, String> {
+pub fn config_map_name(app: &StatefulStreamApp) -> String {
+    format!("{}-app", name(app))
+}
+
+/// The app's objects; its workers run under `application_id`.
+pub fn build(
+    app: &StatefulStreamApp,
+    spec_hash: &str,
+    application_id: &str,
+) -> Result<Objects, String> {
     Ok(Objects {
         config_map: config_map(app)?,
         service: service(app),
@@ -107,7 +212,7 @@ pub fn build(app: &StatefulStreamApp, spec_hash: &str) -> Result<Objects, String
         },
         role: role(app),
         role_binding: role_binding(app),
-        stateful_set: stateful_set(app, spec_hash)?,
+        stateful_set: stateful_set(app, spec_hash, application_id)?,
         pdb: pdb(app),
     })
 }
@@ -123,7 +228,7 @@ fn config_map(app: &StatefulStreamApp) -> Result<ConfigMap, String> {
     let yaml =
         serde_yaml::to_string(&file).map_err(|e| format!("cannot write the app file: {e}"))?;
     Ok(ConfigMap {
-        metadata: meta(app, format!("{}-app", name(app))),
+        metadata: meta(app, config_map_name(app)),
         data: Some(BTreeMap::from([("app.yaml".to_string(), yaml)])),
         ..Default::default()
     })
@@ -229,13 +334,53 @@ fn probe(path: &str) -> Probe {
     }
 }
 
-fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet, String> {
+/// The `restricted` Pod Security Standard for every container: no privilege escalation, no
+/// capabilities, nothing written outside volumes.
+pub(crate) fn container_security() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Non-root with a numeric user (so the kubelet can check runAsNonRoot without reading the
+/// image), the runtime's seccomp profile, and `fsGroup` so the state volume is writable.
+fn pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(WORKER_UID),
+        run_as_group: Some(WORKER_UID),
+        fs_group: Some(WORKER_UID),
+        // Large state volumes: chown only when the volume root is not the group's yet.
+        fs_group_change_policy: Some("OnRootMismatch".into()),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn stateful_set(
+    app: &StatefulStreamApp,
+    spec_hash: &str,
+    application_id: &str,
+) -> Result<StatefulSet, String> {
     let spec = &app.spec;
     let storage = spec.storage.clone().unwrap_or_default();
     // Workers are configured through the environment so that whatever runs the pod (a
     // kubelet, or the e2e pod runner) can point them elsewhere.
     let mut env_vars = vec![
         env("EDDY_APP_FILE", APP_FILE),
+        // The operator's default id (`<namespace>.<name>`) is not in the app file, and one
+        // function decides it for topics, cleanup and the workers alike.
+        env("EDDY_APPLICATION_ID", application_id),
         env("EDDY_STATE_DIR", STATE_DIR),
         env("EDDY_HTTP_ADDR", &format!("0.0.0.0:{HTTP_PORT}")),
         env("EDDY_ASSIGNMENT", "operator"),
@@ -257,6 +402,7 @@ fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet,
         readiness_probe: Some(probe("/readyz")),
         liveness_probe: Some(probe("/healthz")),
         resources: spec.resources.clone(),
+        security_context: Some(container_security()),
         volume_mounts: Some(
             [
                 VolumeMount {
@@ -290,12 +436,13 @@ fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet,
         spec: Some(PodSpec {
             service_account_name: Some(worker_account(app)),
             termination_grace_period_seconds: Some(60),
+            security_context: Some(pod_security()),
             containers: vec![container],
             volumes: Some(
                 std::iter::once(Volume {
                     name: "app".into(),
                     config_map: Some(ConfigMapVolumeSource {
-                        name: format!("{}-app", name(app)),
+                        name: config_map_name(app),
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -308,7 +455,7 @@ fn stateful_set(app: &StatefulStreamApp, spec_hash: &str) -> Result<StatefulSet,
     };
     if let Some(overrides) = &spec.pod_template {
         let mut base = serde_json::to_value(&template).map_err(|e| e.to_string())?;
-        merge(&mut base, overrides);
+        pod_template::merge(&mut base, overrides);
         template = serde_json::from_value(base).map_err(|e| format!("spec.podTemplate: {e}"))?;
     }
     Ok(StatefulSet {
@@ -423,21 +570,5 @@ fn pdb(app: &StatefulStreamApp) -> PodDisruptionBudget {
             ..Default::default()
         }),
         ..Default::default()
-    }
-}
-
-/// JSON merge patch (RFC 7386): objects merge, everything else replaces.
-fn merge(base: &mut serde_json::Value, patch: &serde_json::Value) {
-    match (base, patch) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    b.remove(k);
-                } else {
-                    merge(b.entry(k.clone()).or_insert(serde_json::Value::Null), v);
-                }
-            }
-        }
-        (b, p) => *b = p.clone(),
     }
 }

@@ -89,7 +89,11 @@ fn main() -> Result<()> {
         .unwrap_or(0.0);
     let _ = op.kill();
     let _ = op.wait();
-    delete_topics(&[&topic])?;
+    // The apps' changelogs, named after their default application id `default.app-<i>`.
+    let changelogs = topics_with_prefix("default.app-")?;
+    let mut done: Vec<&str> = changelogs.iter().map(String::as_str).collect();
+    done.push(&topic);
+    delete_topics(&done)?;
     println!("| measure | value | target |");
     println!("|---|---:|---:|");
     println!(

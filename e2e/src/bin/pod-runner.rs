@@ -13,7 +13,14 @@
 //!   there (every second) and drives the `Ready` condition;
 //! - `KUBECONFIG` points at a kubeconfig holding a token of the pod's ServiceAccount (so the
 //!   process has exactly the pod's RBAC), and `EDDY_POD_RUNNER=1` is set;
-//! - stdout and stderr are appended to `ROOT/pods/<ns>/<pod>/log`.
+//! - stdout and stderr are appended to `ROOT/pods/<ns>/<pod>/log`;
+//! - `securityContext` (pod and container) is not applied: the process runs as the runner's
+//!   own user, also when that is root and the pod asks for `runAsUser`/`runAsNonRoot`, and the
+//!   "root filesystem" is the host's. Admission (the API server's PodSecurity plugin) has
+//!   already checked the pod; switching users would need the worker binary, the pod dirs and
+//!   the PVC dirs readable and writable by that user (and `fsGroup` emulated), which proves
+//!   nothing more about eddy. Only the first container runs: sidecars and init containers
+//!   are ignored.
 //!
 //! Exited processes are restarted per `restartPolicy` (with a back-off), a deleted pod's
 //! process gets SIGTERM, then SIGKILL after its grace period (capped at 30 s), then the pod
@@ -521,6 +528,8 @@ impl Supervisor {
         self.pod.metadata.deletion_timestamp.is_some()
     }
 
+    /// The container that runs: the first one (eddy's `worker`); see the module doc for
+    /// what is not emulated (other containers, securityContext).
     fn container(&self) -> Result<&Container> {
         self.pod
             .spec

@@ -1,0 +1,122 @@
+//! What keeps an app from running as asked. Each problem has a reason (the `Degraded`
+//! condition's `reason`, and its Warning event's) and a message saying what is wrong and what
+//! to do. To add a kind of problem: a [`Reason`] here, where it is found (reconcile or the
+//! controller), a row in docs/operator.md (conditions) and docs/operations.md (failure modes).
+
+use eddy_crds::resource::AppStatus;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The spec cannot be read or is invalid; the app gets no objects.
+    InvalidSpec,
+    /// Another, older app holds the application id; this one gets no workers.
+    ApplicationIdConflict,
+    /// An object this app needs exists and is not this app's; it is left alone.
+    NameConflict,
+    /// The API server refused an object of the app.
+    ApplyFailed,
+    /// The operator cannot reach Kafka to plan tasks and topics.
+    KafkaUnreachable,
+    /// A Secret (or key) named by `spec.kafka.tls` / `spec.kafka.sasl` is missing or unreadable.
+    KafkaCredentialsMissing,
+    /// A source topic does not exist.
+    SourceTopicMissing,
+    /// An internal topic has the wrong partition count.
+    InternalTopicMismatch,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::ApplicationIdConflict => "ApplicationIdConflict",
+            Reason::NameConflict => "NameConflict",
+            Reason::ApplyFailed => "ApplyFailed",
+            Reason::KafkaUnreachable => "KafkaUnreachable",
+            Reason::KafkaCredentialsMissing => "KafkaCredentialsMissing",
+            Reason::SourceTopicMissing => "SourceTopicMissing",
+            Reason::InternalTopicMismatch => "InternalTopicMismatch",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Problem {
+    pub reason: Reason,
+    pub message: String,
+}
+
+impl Problem {
+    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// The `Degraded` condition for these problems: the first one's reason, and every message
+/// (each names what it concerns), or None when there is none.
+pub fn degraded(problems: &[Problem]) -> Option<(&'static str, String)> {
+    let first = problems.first()?;
+    let message = problems
+        .iter()
+        .map(|p| p.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some((first.reason.as_str(), message))
+}
+
+/// The problems not already shown by `prev`'s `Degraded` condition: only these become
+/// events, so a stuck app does not flood the event stream.
+pub fn new_since<'a>(problems: &'a [Problem], prev: &AppStatus) -> Vec<&'a Problem> {
+    let shown = prev
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded" && c.status == "True");
+    problems
+        .iter()
+        .filter(|p| shown.is_none_or(|c| !c.message.contains(&p.message)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eddy_crds::resource::Condition;
+
+    #[test]
+    fn the_first_reason_leads_and_every_message_shows() {
+        let p = [
+            Problem::new(Reason::NameConflict, "ConfigMap pv-app exists"),
+            Problem::new(Reason::ApplyFailed, "Service pv-workers: invalid"),
+        ];
+        assert_eq!(
+            degraded(&p),
+            Some((
+                "NameConflict",
+                "ConfigMap pv-app exists; Service pv-workers: invalid".to_string()
+            ))
+        );
+        assert_eq!(degraded(&[]), None);
+        let prev = AppStatus {
+            conditions: vec![Condition {
+                type_: "Degraded".into(),
+                status: "True".into(),
+                reason: "NameConflict".into(),
+                message: "ConfigMap pv-app exists".into(),
+                last_transition_time: None,
+                observed_generation: None,
+            }],
+            ..Default::default()
+        };
+        let new: Vec<Reason> = new_since(&p, &prev).iter().map(|p| p.reason).collect();
+        assert_eq!(new, [Reason::ApplyFailed]);
+    }
+}
