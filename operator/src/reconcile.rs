@@ -247,6 +247,7 @@ pub fn reconcile(
         .flat_map(|w| w.tasks.values())
         .map(|t| t.restore_backlog)
         .sum();
+    problems.extend(problems::from_workers(&status));
 
     conclude(&mut status, &prev, app.metadata.generation, &problems, now);
     Desired {
@@ -674,6 +675,61 @@ mod tests {
             .expect("condition");
         assert_eq!(ready.status, "True");
         assert_eq!(d.status.ready.as_deref(), Some("2/2"));
+    }
+
+    #[test]
+    fn a_worker_that_cannot_process_makes_the_app_degraded_naming_its_pod() {
+        use eddy_crds::resource::{WorkerProblem, WorkerProblemReason};
+        let facts = kafka(&[("views", 2), ("out", 2)]);
+        let first = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        let mut stuck = app(PV);
+        let mut status = report(&first, "RUNNING", 0);
+        if let Some(w) = status.workers.get_mut("pv-1") {
+            w.problem = Some(WorkerProblem {
+                reason: WorkerProblemReason::StateStoreUnavailable,
+                message: "IO error: No space left on device".into(),
+                since: Some("t1".into()),
+            });
+        }
+        stuck.status = Some(status);
+        let ready = Observed {
+            ready_replicas: Some(2),
+            ..Default::default()
+        };
+        let d = reconcile(&stuck, &ready, &facts, "t2");
+        assert_eq!(d.status.phase, Some(Phase::Degraded));
+        let deg = d
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .expect("condition");
+        assert_eq!(
+            (deg.status.as_str(), deg.reason.as_str()),
+            ("True", "StateStoreUnavailable")
+        );
+        assert!(
+            deg.message
+                .contains("worker pv-1: IO error: No space left on device")
+                && deg.message.contains("since t1"),
+            "{}",
+            deg.message
+        );
+        assert_eq!(d.events.len(), 1, "one Warning event");
+        assert!(d.objects.is_some(), "the workers are left running");
+
+        // The same problem again makes no second event; solved, the app is Running again.
+        stuck.status = Some(d.status.clone());
+        let again = reconcile(&stuck, &ready, &facts, "t3");
+        assert!(again.events.is_empty());
+        let mut solved = app(PV);
+        let mut status = d.status;
+        for w in status.workers.values_mut() {
+            w.problem = None;
+        }
+        solved.status = Some(status);
+        let d = reconcile(&solved, &ready, &facts, "t4");
+        assert_eq!(d.status.phase, Some(Phase::Running));
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
             Ok(r) => r.clone(),
             Err(_) => continue,
         };
+        // Why the worker is not processing (while it retries), so the app's status says it.
+        report.problem = status.problem.lock().ok().and_then(|p| p.clone());
         let restoring = report.tasks.values().any(|t| t.restore_backlog > 0);
         let changed = last.as_ref() != Some(&report);
         let due = if changed && (restoring || last_sent.elapsed() >= every) {

@@ -19,6 +19,10 @@ pub enum Reason {
     KafkaUnreachable,
     /// A Secret (or key) named by `spec.kafka.tls` / `spec.kafka.sasl` is missing or unreadable.
     KafkaCredentialsMissing,
+    /// A worker cannot reach Kafka, or its transactions fail; it retries from its last commit.
+    WorkerKafkaUnavailable,
+    /// A worker cannot write its state directory (disk full, I/O errors); it retries.
+    StateStoreUnavailable,
     /// A source topic does not exist.
     SourceTopicMissing,
     /// An internal topic has the wrong partition count.
@@ -34,6 +38,8 @@ impl Reason {
             Reason::ApplyFailed => "ApplyFailed",
             Reason::KafkaUnreachable => "KafkaUnreachable",
             Reason::KafkaCredentialsMissing => "KafkaCredentialsMissing",
+            Reason::WorkerKafkaUnavailable => "WorkerKafkaUnavailable",
+            Reason::StateStoreUnavailable => "StateStoreUnavailable",
             Reason::SourceTopicMissing => "SourceTopicMissing",
             Reason::InternalTopicMismatch => "InternalTopicMismatch",
         }
@@ -59,6 +65,32 @@ impl Problem {
             message: message.into(),
         }
     }
+}
+
+/// What the workers say keeps them from processing (each retries by itself): one problem per
+/// worker, naming its pod, in pod order.
+pub fn from_workers(status: &AppStatus) -> Vec<Problem> {
+    use eddy_crds::resource::WorkerProblemReason as W;
+    let mut pods: Vec<_> = status
+        .workers
+        .iter()
+        .filter_map(|(pod, w)| w.problem.as_ref().map(|p| (pod, p)))
+        .collect();
+    pods.sort_by(|a, b| a.0.cmp(b.0));
+    pods.into_iter()
+        .map(|(pod, p)| {
+            let reason = match p.reason {
+                W::KafkaUnavailable => Reason::WorkerKafkaUnavailable,
+                W::StateStoreUnavailable => Reason::StateStoreUnavailable,
+            };
+            let since = p
+                .since
+                .as_deref()
+                .map(|s| format!(" (since {s}; it retries)"))
+                .unwrap_or_else(|| " (it retries)".into());
+            Problem::new(reason, format!("worker {pod}: {}{since}", p.message))
+        })
+        .collect()
 }
 
 /// The `Degraded` condition for these problems: the first one's reason, and every message
