@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
+pub use crate::task::{TaskRole, TaskState};
+
 /// What the operator and the workers report.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -130,12 +132,18 @@ pub enum WorkerProblemReason {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskStatus {
-    /// CREATED, RESTORING, RUNNING, SUSPENDED, CLOSED, STANDBY or WARMUP.
-    pub state: String,
-    /// Changelog records left to restore.
+    /// ACTIVE, STANDBY or WARMUP.
+    #[serde(default)]
+    pub role: TaskRole,
+    /// CREATED, RESTORING, RUNNING, SUSPENDED or CLOSED.
+    pub state: TaskState,
+    /// Active tasks: changelog records left to restore before the task processes (the app's
+    /// `backlog` sums these).
     #[serde(default)]
     pub restore_backlog: i64,
-    /// Input records not yet processed.
+    /// Changelog records this copy of the task's stores lacks, summed over its stores: what
+    /// the operator compares with `warmup.acceptableRecoveryLag` before moving a task here.
+    /// 0 for a running active (it writes the changelogs); absent when not known yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag: Option<i64>,
 }

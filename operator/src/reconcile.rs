@@ -8,7 +8,7 @@ pub mod problems;
 use crate::app::AppClaim;
 use crate::assignment;
 use crate::resources::{self, Kind, Objects};
-use eddy_crds::resource::{AppStatus, Condition, Phase, StatefulStreamApp};
+use eddy_crds::resource::{AppStatus, Condition, Phase, StatefulStreamApp, TaskState};
 use eddy_crds::topics::{self, InternalTopic};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -350,9 +350,11 @@ fn conclude(
     let all_running = status.assignment.as_ref().is_some_and(|a| {
         a.pods.iter().all(|(pod, t)| {
             status.workers.get(pod).is_some_and(|w| {
-                t.active
-                    .iter()
-                    .all(|id| w.tasks.get(id).is_some_and(|s| s.state == "RUNNING"))
+                t.active.iter().all(|id| {
+                    w.tasks
+                        .get(id)
+                        .is_some_and(|s| s.state == TaskState::Running)
+                })
             })
         })
     });
@@ -360,7 +362,7 @@ fn conclude(
         .workers
         .values()
         .flat_map(|w| w.tasks.values())
-        .any(|t| t.state == "RESTORING");
+        .any(|t| t.state == TaskState::Restoring);
 
     let degraded = problems::degraded(problems);
     let (phase, ready, progressing) = match &degraded {
@@ -606,7 +608,7 @@ mod tests {
         );
     }
 
-    fn report(d: &Desired, state: &str, backlog: i64) -> AppStatus {
+    fn report(d: &Desired, state: TaskState, backlog: i64) -> AppStatus {
         let mut s = d.status.clone();
         let a = s.assignment.clone().expect("assignment");
         for (pod, t) in &a.pods {
@@ -621,9 +623,9 @@ mod tests {
                             (
                                 id.clone(),
                                 TaskStatus {
-                                    state: state.into(),
+                                    state,
                                     restore_backlog: backlog,
-                                    lag: None,
+                                    ..Default::default()
                                 },
                             )
                         })
@@ -642,7 +644,7 @@ mod tests {
         let first = reconcile(&app(PV), &Observed::default(), &facts, "t0");
 
         let mut restoring = app(PV);
-        restoring.status = Some(report(&first, "RESTORING", 10));
+        restoring.status = Some(report(&first, TaskState::Restoring, 10));
         let d = reconcile(
             &restoring,
             &Observed {
@@ -656,7 +658,7 @@ mod tests {
         assert_eq!(d.status.backlog, 40, "4 tasks x 10 records");
 
         let mut running = app(PV);
-        running.status = Some(report(&first, "RUNNING", 0));
+        running.status = Some(report(&first, TaskState::Running, 0));
         let d = reconcile(
             &running,
             &Observed {
@@ -683,7 +685,7 @@ mod tests {
         let facts = kafka(&[("views", 2), ("out", 2)]);
         let first = reconcile(&app(PV), &Observed::default(), &facts, "t0");
         let mut stuck = app(PV);
-        let mut status = report(&first, "RUNNING", 0);
+        let mut status = report(&first, TaskState::Running, 0);
         if let Some(w) = status.workers.get_mut("pv-1") {
             w.problem = Some(WorkerProblem {
                 reason: WorkerProblemReason::StateStoreUnavailable,
@@ -737,13 +739,13 @@ mod tests {
         let facts = kafka(&[("views", 6), ("out", 6)]);
         let first = reconcile(&app(PV), &Observed::default(), &facts, "t0");
         let mut scaled = app(&PV.replace("replicas: 2", "replicas: 3"));
-        scaled.status = Some(report(&first, "RUNNING", 0));
+        scaled.status = Some(report(&first, TaskState::Running, 0));
         let d = reconcile(&scaled, &Observed::default(), &facts, "t1");
         let a = d.status.assignment.expect("assignment");
         assert_eq!(a.pods.len(), 3);
         assert_eq!(a.generation, 2);
         let mut smaller = app(&PV.replace("replicas: 2", "replicas: 1"));
-        smaller.status = Some(report(&first, "RUNNING", 0));
+        smaller.status = Some(report(&first, TaskState::Running, 0));
         let d = reconcile(&smaller, &Observed::default(), &facts, "t1");
         assert!(!d.status.workers.contains_key("pv-1"));
     }

@@ -116,7 +116,7 @@ pub fn restore(
         {
             t.restore_backlog = total;
             if total > 0 {
-                t.state = "RESTORING".into();
+                t.state = TaskState::Restoring;
             }
         }
     };

@@ -831,9 +831,8 @@ impl Manager<'_> {
                 (
                     t.id.to_string(),
                     TaskStatus {
-                        state: t.state.name().to_string(),
-                        restore_backlog: 0,
-                        lag: None,
+                        state: t.state,
+                        ..Default::default()
                     },
                 )
             })

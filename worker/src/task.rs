@@ -15,35 +15,16 @@ use eddy_crds::{OnError, TaskId, topics};
 use prometheus_client::metrics::counter::Counter;
 use std::sync::Arc;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TaskState {
-    Created,
-    Restoring,
-    Running,
-    Suspended,
-    Closed,
-}
+pub use eddy_crds::resource::TaskState;
 
-impl TaskState {
-    /// The name users see in status and metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            TaskState::Created => "CREATED",
-            TaskState::Restoring => "RESTORING",
-            TaskState::Running => "RUNNING",
-            TaskState::Suspended => "SUSPENDED",
-            TaskState::Closed => "CLOSED",
-        }
-    }
-
-    pub fn label(self) -> TaskStateLabel {
-        match self {
-            TaskState::Created => TaskStateLabel::CREATED,
-            TaskState::Restoring => TaskStateLabel::RESTORING,
-            TaskState::Running => TaskStateLabel::RUNNING,
-            TaskState::Suspended => TaskStateLabel::SUSPENDED,
-            TaskState::Closed => TaskStateLabel::CLOSED,
-        }
+/// The metric label of a state.
+fn state_label(state: TaskState) -> TaskStateLabel {
+    match state {
+        TaskState::Created | TaskState::Unknown => TaskStateLabel::CREATED,
+        TaskState::Restoring => TaskStateLabel::RESTORING,
+        TaskState::Running => TaskStateLabel::RUNNING,
+        TaskState::Suspended => TaskStateLabel::SUSPENDED,
+        TaskState::Closed => TaskStateLabel::CLOSED,
     }
 }
 
@@ -202,7 +183,7 @@ impl Task {
 
     pub fn set_state(&self, state: TaskState) {
         self.metrics
-            .set_task_state(&self.labels.task, state.label());
+            .set_task_state(&self.labels.task, state_label(state));
     }
 
     pub fn transition(&mut self, state: TaskState) {
