@@ -76,15 +76,31 @@ pub struct Assignment {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partitions: Vec<i32>,
     pub pods: BTreeMap<String, PodTasks>,
+    /// Pods the operator failed over (gone, terminating, not running, or silent): the new
+    /// owners of their tasks do not wait for them to let go; under exactly-once they fence
+    /// their transactional ids before taking over.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub down: Vec<String>,
 }
+
+/// How often a worker reports at the least, even when nothing changed: the operator takes a
+/// worker whose report is much older ([`STALE_REPORT_SECONDS`]) for down.
+pub const REPORT_HEARTBEAT_SECONDS: u64 = 5;
+/// A worker report older than this (seconds) makes the operator fail the pod's tasks over.
+pub const STALE_REPORT_SECONDS: u64 = 30;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PodTasks {
+    /// Tasks this pod processes. A task is active on one pod at most.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active: Vec<String>,
+    /// Tasks whose stores this pod keeps up to date (`numStandbyReplicas`), never on the
+    /// pod of the task's active.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub standby: Vec<String>,
+    /// Tasks about to move here: kept up to date like standbys until caught up, then made
+    /// active here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warmup: Vec<String>,
 }

@@ -68,8 +68,11 @@ pub struct AppSpec {
     /// default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transaction_timeout_ms: Option<u64>,
+    /// Standby replicas per stateful task (default 0): copies of its stores kept up to date
+    /// on other pods, where the task fails over to without a full restore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_standby_replicas: Option<i32>,
+    /// How tasks move to a pod that lacks their state (scale-out, scale-in, rebalancing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmup: Option<WarmupSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -407,10 +410,18 @@ pub enum ProcessingGuarantee {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WarmupSpec {
+    /// Warm-up replicas at once across the app (default 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_warmup_replicas: Option<i32>,
+    /// A task moves to its new pod once that pod's copy lacks at most this many changelog
+    /// records (default 10000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acceptable_recovery_lag: Option<i64>,
+}
+
+impl WarmupSpec {
+    pub const DEFAULT_MAX_WARMUP_REPLICAS: i32 = 2;
+    pub const DEFAULT_ACCEPTABLE_RECOVERY_LAG: i64 = 10_000;
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

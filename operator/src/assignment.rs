@@ -106,6 +106,7 @@ fn next(
         generation,
         partitions: partitions.to_vec(),
         pods,
+        down: Vec::new(),
     }
 }
 
