@@ -17,6 +17,7 @@ fn count_app(app: &str, input: &str, output: &str, guarantee: &str) -> String {
         r#"applicationId: {app}
 processingGuarantee: {guarantee}
 commitIntervalMs: 200
+livenessTimeoutMs: 10000
 memory: {{recordCache: "0"}}
 topology:
   - from: {{topic: {input}}}
@@ -99,14 +100,43 @@ fn workers_survive_a_broker_restart_and_a_frozen_broker() -> Result<()> {
             }))
         }
     };
+    // What a failure looks like from outside: which keys are short, and what the worker
+    // says about itself (progress, commits, lag, /healthz names a stuck processing thread).
+    let diagnose = |w: &Worker, out: &str| -> String {
+        let seen = i64_values_by_key(out).unwrap_or_default();
+        let mut short: Vec<String> = sent
+            .iter()
+            .filter_map(|(k, n)| {
+                let last = seen.get(k).and_then(|v| v.last()).copied();
+                (last < Some(*n)).then(|| format!("{k}: {n} sent, last count {last:?}"))
+            })
+            .collect();
+        short.sort();
+        let metric = |name: &str| w.metric(name, &[]).map_or(-1.0, |v| v);
+        format!(
+            "{} keys short ({}); processed {}, commits {}, recoveries {}, input lag {}; health {:?}\n{}",
+            short.len(),
+            short.iter().take(5).cloned().collect::<Vec<_>>().join("; "),
+            metric("eddy_records_processed_total"),
+            metric("eddy_commits_total"),
+            metric("eddy_recoveries_total"),
+            metric("eddy_consumer_lag_records"),
+            w.health().ok(),
+            w.logs()
+        )
+    };
     wait_until(Duration::from_secs(240), caught_up(&eos_out, true)).map_err(|e| {
         anyhow::anyhow!(
-            "exactly-once app did not reach the exact counts of {total} records: {e}\n{}",
-            eos.logs()
+            "exactly-once app did not reach the exact counts of {total} records: {e}: {}",
+            diagnose(&eos, &eos_out)
         )
     })?;
-    wait_until(Duration::from_secs(240), caught_up(&alos_out, false))
-        .map_err(|e| anyhow::anyhow!("at-least-once app lost records: {e}\n{}", alos.logs()))?;
+    wait_until(Duration::from_secs(240), caught_up(&alos_out, false)).map_err(|e| {
+        anyhow::anyhow!(
+            "at-least-once app lost records: {e}: {}",
+            diagnose(&alos, &alos_out)
+        )
+    })?;
     let committed: HashMap<String, Vec<i64>> = i64_values_by_key(&eos_out)?;
     for (k, values) in &committed {
         ensure!(
