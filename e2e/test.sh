@@ -37,7 +37,7 @@ echo "kafka at $bootstrap" >&2
 step "cargo test"
 log=$(mktemp)
 status=0
-cargo test --release --workspace -- --test-threads="${EDDY_TEST_THREADS:-2}" 2>&1 | tee "$log" || status=$?
+cargo test --release --workspace --no-fail-fast -- --test-threads="${EDDY_TEST_THREADS:-2}" 2>&1 | tee "$log" || status=$?
 # One closing line for the whole run (cargo ends on a doc-test binary that runs nothing).
 awk '/^test result:/ {p += $4; f += $6; s += $8} END {printf "\ntests: %d passed, %d failed, %d skipped\n", p, f, s}' "$log"
 rm -f "$log"
