@@ -17,7 +17,6 @@ fn count_app(app: &str, input: &str, output: &str, guarantee: &str) -> String {
         r#"applicationId: {app}
 processingGuarantee: {guarantee}
 commitIntervalMs: 200
-livenessTimeoutMs: 10000
 memory: {{recordCache: "0"}}
 topology:
   - from: {{topic: {input}}}

@@ -58,6 +58,8 @@ pub enum RuntimeError {
     Delivery(#[from] DeliveryError),
     #[error("the consumer has no group metadata")]
     NoGroupMetadata,
+    #[error("committing input offsets got no answer in {} s (group coordinator unreachable)", .0.as_secs())]
+    CommitStalled(Duration),
 }
 
 impl RuntimeError {
@@ -80,7 +82,7 @@ impl RuntimeError {
             | RuntimeError::Kafka { source, .. } => !fault::is_fatal(source),
             RuntimeError::Restore(RestoreError::Interrupted) => false,
             RuntimeError::Delivery(d) => !fault::is_fatal_code(d.code),
-            RuntimeError::NoGroupMetadata => true,
+            RuntimeError::NoGroupMetadata | RuntimeError::CommitStalled(_) => true,
         }
     }
 
@@ -279,7 +281,7 @@ pub fn run(
 fn input_consumer(
     cfg: &WorkerConfig,
     metrics: &Arc<Metrics>,
-) -> Result<BaseConsumer<LagReporter>, RuntimeError> {
+) -> Result<Arc<BaseConsumer<LagReporter>>, RuntimeError> {
     cfg.client_config_with(&[
         ("statistics.interval.ms", "5000"),
         // librdkafka waits a whole second (its default) before fetching again for a
@@ -293,6 +295,7 @@ fn input_consumer(
     .set("auto.offset.reset", "earliest")
     .set("isolation.level", "read_committed")
     .create_with_context(LagReporter(metrics.clone()))
+    .map(Arc::new)
     .map_err(kafka("creating the consumer"))
 }
 
@@ -310,7 +313,8 @@ struct Manager<'a> {
     /// Partition counts and record limits of the app's topics, learned at (re)start.
     topics: Option<Arc<Topics>>,
     resources: StateResources,
-    consumer: BaseConsumer<LagReporter>,
+    /// Shared with a commit that may not return (see [`commit_offsets`]).
+    consumer: Arc<BaseConsumer<LagReporter>>,
     /// The worker's producer, shared by its tasks; None until Kafka answered, and again
     /// after a recovery dropped it.
     producer: Option<Arc<collector::Producer>>,
@@ -385,7 +389,11 @@ impl Manager<'_> {
         // A new consumer too: after every broker went away, librdkafka's consumer can stay
         // unable to reach the group coordinator for good (offset fetches time out forever).
         match input_consumer(self.cfg, &self.metrics) {
-            Ok(c) => self.consumer = c,
+            Ok(c) => {
+                // Closing the old one waits for its pending commits, which may never end.
+                let old = std::mem::replace(&mut self.consumer, c);
+                std::thread::spawn(move || drop(old));
+            }
             Err(e) => tracing::warn!("re-creating the consumer: {e}"),
         }
         self.topics = None;
@@ -761,9 +769,7 @@ impl Manager<'_> {
                 .map_err(kafka("beginning a transaction"))?;
             self.in_transaction = true;
         } else if offsets.count() > 0 {
-            self.consumer
-                .commit(&offsets, CommitMode::Sync)
-                .map_err(kafka("committing offsets"))?;
+            commit_offsets(&self.consumer, offsets)?;
         }
         for &i in &dirty {
             tasks[i].write_committed()?;
@@ -889,6 +895,28 @@ fn retry<T>(
         }
     }
 }
+
+/// Commit input offsets (at-least-once), waiting at most [`COMMIT_TIMEOUT`] for the answer.
+/// librdkafka's synchronous commit has no timeout, and after a broker restart its group
+/// coordinator lookup can stay stuck for good; the commit then runs on a thread of its own,
+/// left behind if it never returns, and the worker recovers with a new consumer.
+fn commit_offsets(
+    consumer: &Arc<BaseConsumer<LagReporter>>,
+    offsets: TopicPartitionList,
+) -> Result<(), RuntimeError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = consumer.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(c.commit(&offsets, CommitMode::Sync));
+    });
+    match rx.recv_timeout(COMMIT_TIMEOUT) {
+        Ok(r) => r.map_err(kafka("committing offsets")),
+        Err(_) => Err(RuntimeError::CommitStalled(COMMIT_TIMEOUT)),
+    }
+}
+
+/// Longer than librdkafka's own retries of a commit to a coordinator that moves.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a worker waits for the previous owner of a task to let it go before fencing it
 /// (its report interval is 2 s).
