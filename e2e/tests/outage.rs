@@ -65,7 +65,8 @@ fn workers_survive_a_broker_restart_and_a_frozen_broker() -> Result<()> {
     let load = Load::start(&input, KEYS, 400)?;
     wait_until(Duration::from_secs(60), || {
         Ok(eos.metric("eddy_records_processed_total", &[])? > 1000.0)
-    })?;
+    })
+    .map_err(|e| anyhow::anyhow!("no progress before the outage: {e}\n{}", eos.logs()))?;
 
     // A broker restart: down for 30 s (longer than the 30 s transaction timeout).
     kafka_node(&cluster, 1, "stop")?;

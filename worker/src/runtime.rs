@@ -58,6 +58,8 @@ pub enum RuntimeError {
     Delivery(#[from] DeliveryError),
     #[error("the consumer has no group metadata")]
     NoGroupMetadata,
+    #[error("input partitions have had no known leader for {} s", .0.as_secs())]
+    Leaderless(Duration),
     #[error("committing input offsets got no answer in {} s (group coordinator unreachable)", .0.as_secs())]
     CommitStalled(Duration),
 }
@@ -82,7 +84,9 @@ impl RuntimeError {
             | RuntimeError::Kafka { source, .. } => !fault::is_fatal(source),
             RuntimeError::Restore(RestoreError::Interrupted) => false,
             RuntimeError::Delivery(d) => !fault::is_fatal_code(d.code),
-            RuntimeError::NoGroupMetadata | RuntimeError::CommitStalled(_) => true,
+            RuntimeError::NoGroupMetadata
+            | RuntimeError::CommitStalled(_)
+            | RuntimeError::Leaderless(_) => true,
         }
     }
 
@@ -205,15 +209,44 @@ pub struct Peer {
     pub tasks: Vec<TaskId>,
 }
 
-/// Feeds consumer lag from librdkafka's statistics into the metrics, without extra requests.
-struct LagReporter(Arc<Metrics>);
+/// Feeds consumer lag from librdkafka's statistics into the metrics, without extra requests,
+/// and notices input partitions left without a known leader.
+struct LagReporter {
+    metrics: Arc<Metrics>,
+    /// Since when some fetched partition has had no known leader (None: all have one).
+    leaderless_since: Mutex<Option<Instant>>,
+}
+
+impl LagReporter {
+    fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            metrics,
+            leaderless_since: Mutex::new(None),
+        }
+    }
+
+    /// How long some fetched partition has had no known leader, as of the last statistics.
+    fn leaderless_for(&self) -> Duration {
+        self.leaderless_since
+            .lock()
+            .ok()
+            .and_then(|s| s.map(|t| t.elapsed()))
+            .unwrap_or_default()
+    }
+}
 
 impl ClientContext for LagReporter {
     fn stats(&self, stats: Statistics) {
+        let mut leaderless = false;
         for (topic, t) in stats.topics {
             for (p, part) in t.partitions {
-                if p >= 0 && part.consumer_lag >= 0 {
-                    self.0
+                if p < 0 {
+                    continue;
+                }
+                leaderless |=
+                    part.leader < 0 && !matches!(part.fetch_state.as_str(), "none" | "stopped");
+                if part.consumer_lag >= 0 {
+                    self.metrics
                         .consumer_lag
                         .get_or_create(&PartitionLabels {
                             topic: topic.clone(),
@@ -221,6 +254,13 @@ impl ClientContext for LagReporter {
                         })
                         .set(part.consumer_lag);
                 }
+            }
+        }
+        if let Ok(mut since) = self.leaderless_since.lock() {
+            match (leaderless, *since) {
+                (true, None) => *since = Some(Instant::now()),
+                (false, _) => *since = None,
+                _ => {}
             }
         }
     }
@@ -294,7 +334,7 @@ fn input_consumer(
     .set("enable.auto.commit", "false")
     .set("auto.offset.reset", "earliest")
     .set("isolation.level", "read_committed")
-    .create_with_context(LagReporter(metrics.clone()))
+    .create_with_context(LagReporter::new(metrics.clone()))
     .map(Arc::new)
     .map_err(kafka("creating the consumer"))
 }
@@ -518,6 +558,13 @@ impl Manager<'_> {
                 if Instant::now() >= next_commit {
                     break;
                 }
+            }
+            // After a broker restart librdkafka can keep a partition's leader unknown for
+            // good (its metadata names a broker it no longer has): only a new consumer, made
+            // by a recovery, fetches again.
+            let leaderless = self.consumer.context().leaderless_for();
+            if leaderless >= LEADERLESS_LIMIT {
+                return Err(RuntimeError::Leaderless(leaderless));
             }
             if Instant::now() >= next_commit {
                 if self.commit()? {
@@ -914,6 +961,9 @@ fn commit_offsets(
         Err(_) => Err(RuntimeError::CommitStalled(COMMIT_TIMEOUT)),
     }
 }
+
+/// Longer than a leader election takes, shorter than anyone waits for a stalled partition.
+const LEADERLESS_LIMIT: Duration = Duration::from_secs(30);
 
 /// Longer than librdkafka's own retries of a commit to a coordinator that moves.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
