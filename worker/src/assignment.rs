@@ -4,7 +4,7 @@
 //! backlog, the generation it applied) into its own entry of `status.workers` with
 //! server-side apply, the pod name as field manager, at a bounded rate.
 
-use crate::runtime::{Peer, Status};
+use crate::status::{Peer, Status};
 use eddy_crds::TaskId;
 use eddy_crds::resource::StatefulStreamApp;
 use futures::StreamExt;

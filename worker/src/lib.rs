@@ -27,6 +27,7 @@ pub mod processor;
 pub mod record;
 pub mod restore;
 pub mod runtime;
+pub mod status;
 pub mod steps;
 pub mod store;
 pub mod task;

@@ -8,7 +8,8 @@
 use crate::cache::{Backend, Changes};
 use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, StoreLabels};
-use crate::runtime::Status;
+pub use crate::status::Restored;
+use crate::status::Status;
 use crate::store::{Change, StoreError};
 use crate::task::{Task, TaskState};
 use rdkafka::consumer::ConsumerContext;
@@ -52,9 +53,6 @@ impl ClientContext for RestoreContext {
     }
 }
 impl ConsumerContext for RestoreContext {}
-
-/// Records restored, per task id and store, for logs and tests.
-pub type Restored = HashMap<(String, String), u64>;
 
 /// Bytes of distinct keys and values buffered per changelog partition before they are
 /// written to the store. Only a key's last value matters, so a batch keeps one entry per key:

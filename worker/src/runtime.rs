@@ -22,11 +22,12 @@ use crate::fault;
 use crate::metrics::{Metrics, PartitionLabels, ReasonLabels};
 use crate::processor::ProcessError;
 use crate::record::Origin;
-use crate::restore::{self, RestoreError, Restored};
+use crate::restore::{self, RestoreError};
+pub use crate::status::{Peer, Status};
 use crate::store::{StateResources, StoreError};
 use crate::task::{Task, TaskError, TaskState};
 use eddy_crds::TaskId;
-use eddy_crds::resource::{TaskStatus, WorkerProblem, WorkerProblemReason, WorkerStatus};
+use eddy_crds::resource::{TaskStatus, WorkerProblem, WorkerProblemReason};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -34,8 +35,8 @@ use rdkafka::producer::Producer as _;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -132,75 +133,6 @@ impl RuntimeError {
 fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> RuntimeError {
     let what = what.into();
     move |source| RuntimeError::Kafka { what, source }
-}
-
-/// Shared with the HTTP server, the operator link and the embedding application.
-#[derive(Default)]
-pub struct Status {
-    /// True once every active task is RUNNING.
-    pub ready: AtomicBool,
-    /// Set to ask the loop to commit, close cleanly and return.
-    pub shutdown: AtomicBool,
-    /// What the last restore did, for tests and logs.
-    pub restored: Mutex<Restored>,
-    /// Run the tasks in `desired` instead of every task (set when the operator assigns).
-    pub follow_assignment: bool,
-    /// The operator's assignment for this worker: (generation, active tasks).
-    pub desired: Mutex<Option<(i64, Vec<TaskId>)>>,
-    /// Under the operator: what each other worker of the app reports, by pod.
-    pub peers: Mutex<HashMap<String, Peer>>,
-    /// What this worker runs, for its entry in the app's `status.workers`.
-    pub report: Mutex<WorkerStatus>,
-    /// Reports sent to the app's status so far (under the operator), and a signal for each.
-    pub reports_sent: Mutex<u64>,
-    pub report_sent: std::sync::Condvar,
-    /// When the processing thread last made progress, in ms since the UNIX epoch (0: not
-    /// started); `/healthz` fails when it is older than `livenessTimeoutMs`.
-    pub heartbeat: AtomicU64,
-    /// Why the worker is not processing, while it retries (None when all is well).
-    pub problem: Mutex<Option<WorkerProblem>>,
-}
-
-impl Status {
-    /// The processing thread is making progress (or waiting on purpose): called once per
-    /// turn of its loops.
-    pub fn beat(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        self.heartbeat.store(now, Ordering::Relaxed);
-    }
-
-    /// Under the operator, wait (at most `timeout`) until the status reporter has sent the
-    /// current report; standalone, return at once.
-    pub fn await_report(&self, timeout: Duration) {
-        if !self.follow_assignment {
-            return;
-        }
-        let Ok(sent) = self.reports_sent.lock() else {
-            return;
-        };
-        let seen = *sent;
-        let _ = self
-            .report_sent
-            .wait_timeout_while(sent, timeout, |n| *n == seen);
-    }
-
-    /// Called by the reporter after each report it sent.
-    pub fn reported(&self) {
-        if let Ok(mut n) = self.reports_sent.lock() {
-            *n += 1;
-        }
-        self.report_sent.notify_all();
-    }
-}
-
-/// Another worker of the same app, as its `status.workers` entry describes it.
-#[derive(Clone, Debug, Default)]
-pub struct Peer {
-    pub applied_generation: i64,
-    /// Tasks it holds, in any state.
-    pub tasks: Vec<TaskId>,
 }
 
 /// Feeds consumer lag from librdkafka's statistics into the metrics, without extra requests.
