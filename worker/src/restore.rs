@@ -58,21 +58,21 @@ impl ConsumerContext for RestoreContext {}
 /// written to the store. Only a key's last value matters, so a batch keeps one entry per key:
 /// a changelog written by frequent commits repeats each key many times, and every repeat
 /// dropped here is a memtable insert saved.
-const BATCH_BYTES: usize = 2 << 20;
+pub(crate) const BATCH_BYTES: usize = 2 << 20;
 
 /// One partition's records read but not yet written: last value per key.
 #[derive(Default)]
-struct Pending {
-    latest: HashMap<Vec<u8>, Option<Vec<u8>>>,
-    bytes: usize,
+pub(crate) struct Pending {
+    pub latest: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    pub bytes: usize,
     /// Records read into this batch.
-    read: u64,
+    pub read: u64,
     /// Offset after the last record read.
-    next: i64,
+    pub next: i64,
 }
 
 impl Pending {
-    fn add(&mut self, key: &[u8], value: Option<&[u8]>, offset: i64) {
+    pub fn add(&mut self, key: &[u8], value: Option<&[u8]>, offset: i64) {
         let vlen = value.map_or(0, <[u8]>::len);
         match self.latest.get_mut(key) {
             Some(v) => {
@@ -113,6 +113,7 @@ pub fn restore(
             && let Some(t) = r.tasks.get_mut(task)
         {
             t.restore_backlog = total;
+            t.lag = Some(total);
             if total > 0 {
                 t.state = TaskState::Restoring;
             }

@@ -20,14 +20,16 @@ use crate::collector::{self, Collector, DeliveryError};
 use crate::config::WorkerConfig;
 use crate::fault;
 use crate::metrics::{Metrics, PartitionLabels, ReasonLabels};
+use crate::plan::{self, Desired};
 use crate::processor::ProcessError;
 use crate::record::Origin;
 use crate::restore::{self, RestoreError};
 pub use crate::status::{Peer, Status};
 use crate::store::{StateResources, StoreError};
 use crate::task::{Task, TaskError, TaskState};
+use crate::updater::{MemoryStores, Updater, UpdaterError};
 use eddy_crds::TaskId;
-use eddy_crds::resource::{TaskStatus, WorkerProblem, WorkerProblemReason};
+use eddy_crds::resource::{TaskRole, TaskStatus, WorkerProblem, WorkerProblemReason};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -59,6 +61,8 @@ pub enum RuntimeError {
     Delivery(#[from] DeliveryError),
     #[error("the consumer has no group metadata")]
     NoGroupMetadata,
+    #[error("standby tasks: {0}")]
+    Updater(UpdaterError),
 }
 
 impl RuntimeError {
@@ -82,6 +86,7 @@ impl RuntimeError {
             RuntimeError::Restore(RestoreError::Interrupted) => false,
             RuntimeError::Delivery(d) => !fault::is_fatal_code(d.code),
             RuntimeError::NoGroupMetadata => true,
+            RuntimeError::Updater(_) => false,
         }
     }
 
@@ -170,7 +175,7 @@ pub fn run(
     let mut m = Manager {
         cfg,
         topics: None,
-        resources: StateResources::new(cfg.rocksdb_bytes)?,
+        resources: Arc::new(StateResources::new(cfg.rocksdb_bytes)?),
         consumer,
         producer: None,
         in_transaction: false,
@@ -182,9 +187,15 @@ pub fn run(
         backoff: MIN_BACKOFF,
         rejections: 0,
         last_poll_warning: None,
+        updater: None,
+        fenced: Vec::new(),
     };
     let result = m.supervise();
     m.status.ready.store(false, Ordering::Relaxed);
+    // Standbys' checkpoints written, their databases closed (whatever the outcome).
+    if let Some(mut u) = m.updater.take() {
+        u.stop();
+    }
     match result {
         Ok(()) => {
             for t in &mut m.tasks {
@@ -241,7 +252,7 @@ struct Manager<'a> {
     cfg: &'a WorkerConfig,
     /// Partition counts and record limits of the app's topics, learned at (re)start.
     topics: Option<Arc<Topics>>,
-    resources: StateResources,
+    resources: Arc<StateResources>,
     consumer: BaseConsumer<LagReporter>,
     /// The worker's producer, shared by its tasks; None until Kafka answered, and again
     /// after a recovery dropped it.
@@ -261,6 +272,11 @@ struct Manager<'a> {
     rejections: u32,
     /// Poll errors librdkafka recovers from are logged at most every few seconds.
     last_poll_warning: Option<Instant>,
+    /// The state updater following this worker's standby and warm-up tasks (started with
+    /// the first one).
+    updater: Option<Updater>,
+    /// Failed-over pods whose transactional id this worker fenced (exactly-once).
+    fenced: Vec<String>,
 }
 
 impl Manager<'_> {
@@ -400,8 +416,8 @@ impl Manager<'_> {
         while !self.status.shutdown.load(Ordering::Relaxed) {
             self.status.beat();
             self.ensure_started()?;
-            if let Some((generation, ids)) = self.wanted() {
-                self.change(generation, &ids)?;
+            if let Some(desired) = self.wanted() {
+                self.change(&desired)?;
                 route = Router::new(&self.tasks);
                 self.report();
             }
@@ -482,72 +498,120 @@ impl Manager<'_> {
         }
     }
 
-    /// The task set to switch to, if it changed (or a recovery dropped the tasks).
-    fn wanted(&self) -> Option<(i64, Vec<TaskId>)> {
+    /// The assignment to switch to, if it changed (or a recovery dropped the tasks).
+    fn wanted(&self) -> Option<Desired> {
         if !self.status.follow_assignment {
-            return (self.applied.is_none() || self.stale).then(|| (0, self.all_tasks()));
+            return (self.applied.is_none() || self.stale).then(|| Desired {
+                active: self.all_tasks(),
+                ..Default::default()
+            });
         }
-        let desired = self.status.desired.lock().ok()?.clone()?;
-        if Some(desired.0) == self.applied && !self.stale {
+        let mut desired = self.status.desired.lock().ok()?.clone()?;
+        if Some(desired.generation) == self.applied && !self.stale {
             return None;
         }
-        let all = self.all_tasks();
-        let (known, unknown): (Vec<TaskId>, Vec<TaskId>) =
-            desired.1.into_iter().partition(|t| all.contains(t));
+        let unknown = desired.retain_known(&self.all_tasks());
         if !unknown.is_empty() {
             tracing::warn!(?unknown, "ignoring assigned tasks this app does not have");
         }
-        Some((desired.0, known))
+        Some(desired)
     }
 
-    /// Release the tasks not in `ids` (after committing them) and take the new ones
-    /// (restoring them before they process).
-    fn change(&mut self, generation: i64, ids: &[TaskId]) -> Result<(), RuntimeError> {
+    /// The standby and warm-up tasks followed now.
+    fn replicas(&self) -> Vec<TaskId> {
+        self.updater
+            .as_ref()
+            .map(|u| u.replicas.iter().map(|(t, _)| *t).collect())
+            .unwrap_or_default()
+    }
+
+    /// Apply an assignment: let go of the active tasks not active here any more (committed,
+    /// closed; those that stay as standbys go to the state updater with their stores), hand
+    /// the replicas to the updater, report, and then take the new active tasks: promoted
+    /// standbys restore only the tail their stores lack.
+    fn change(&mut self, d: &Desired) -> Result<(), RuntimeError> {
         // Reported as applied once the released tasks are let go (below), before any
         // restore: a worker waiting for them must not wait for this worker's restores.
-        self.applied = Some(generation);
+        self.applied = Some(d.generation);
         self.stale = false;
-        let new: Vec<TaskId> = ids
-            .iter()
-            .filter(|id| !self.tasks.iter().any(|t| t.id == **id))
-            .copied()
-            .collect();
-        let releasing = self.tasks.iter().any(|t| !ids.contains(&t.id));
-        if !releasing && new.is_empty() {
-            return Ok(());
+        let active: Vec<TaskId> = self.tasks.iter().map(|t| t.id).collect();
+        let c = plan::changes(&active, &self.replicas(), d);
+        if !c.actives_unchanged() {
+            tracing::info!(generation = d.generation, start = ?c.start, promote = ?c.promote,
+                demote = ?c.demote, release = ?c.release, "applying the assignment");
+            // Released tasks hand over committed state, and an open transaction must not
+            // outlive `transaction.timeout.ms` during a long restore: commit everything first.
+            self.commit()?;
         }
-        // Released tasks hand over committed state, and an open transaction must not outlive
-        // `transaction.timeout.ms` during a long restore: commit everything first.
-        self.commit()?;
-        if releasing {
-            let (keep, release): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
+        let lost = c.lost();
+        let mut given = MemoryStores::new();
+        if !lost.is_empty() {
+            let (release, keep): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
                 .into_iter()
-                .partition(|t| ids.contains(&t.id));
+                .partition(|t| lost.contains(&t.id));
             self.tasks = keep;
             let mut tpl = TopicPartitionList::new();
             for mut t in release {
                 tpl.add_partition(&t.input_topic, t.id.partition);
                 t.close()?;
-                tracing::info!(task = %t.id, "task released");
+                if c.demote.contains(&t.id) {
+                    given.insert(t.id, t.take_memory_stores());
+                    tracing::info!(task = %t.id, "task demoted: its stores go on as a standby");
+                } else {
+                    tracing::info!(task = %t.id, "task released");
+                }
+                // Dropped here: its database is closed before the updater opens it.
             }
             self.consumer
                 .incremental_unassign(&tpl)
                 .map_err(kafka("unassigning released partitions"))?;
-            // Tell the other workers at once: one may be waiting to take these tasks over.
-            self.report();
         }
+        let mut handed = MemoryStores::new();
+        if c.replicas.is_empty() && self.updater.is_none() {
+            // Nothing to follow, nothing followed.
+        } else if self.updater.as_ref().map(|u| &u.replicas) != Some(&c.replicas)
+            || !given.is_empty()
+        {
+            if self.updater.is_none() {
+                self.updater = Some(
+                    Updater::start(
+                        self.cfg,
+                        self.resources.clone(),
+                        self.metrics.clone(),
+                        self.status.clone(),
+                    )
+                    .map_err(RuntimeError::Updater)?,
+                );
+            }
+            if let Some(u) = &mut self.updater {
+                let status = &self.status;
+                handed = u
+                    .set(&c.replicas, given, || status.beat())
+                    .map_err(RuntimeError::Updater)?;
+            }
+        }
+        // Tell the other workers at once: one may be waiting to take the released tasks.
+        self.report();
+        self.status.report_soon();
+        let new = c.gained();
         if new.is_empty() {
             self.healthy();
+            self.status.ready.store(true, Ordering::Relaxed);
             return Ok(());
         }
         // A failure from here on leaves the tasks to take again after a recovery.
         self.stale = true;
         self.status.ready.store(false, Ordering::Relaxed);
-        if self.cfg.exactly_once() && self.status.follow_assignment {
-            self.await_release(generation, &new)?;
+        if self.status.follow_assignment {
+            self.await_release(d, &new)?;
         }
         let (topics, producer) = self.ensure_started()?;
         let mut added = self.create(&new, &topics, &producer)?;
+        for t in &mut added {
+            if let Some(memory) = handed.remove(&t.id) {
+                t.give_memory_stores(memory);
+            }
+        }
         self.report_tasks(&added);
         let restored = restore::restore(self.cfg, &mut added, &self.metrics, &self.status)?;
         if let Ok(mut r) = self.status.restored.lock() {
@@ -600,6 +664,8 @@ impl Manager<'_> {
         self.stale = false;
         self.healthy();
         self.status.ready.store(true, Ordering::Relaxed);
+        self.report();
+        self.status.report_soon();
         tracing::info!(tasks = self.tasks.len(), "all tasks running");
         Ok(())
     }
@@ -707,28 +773,35 @@ impl Manager<'_> {
         Ok(true)
     }
 
-    /// Exactly-once under the operator: a task moving here from another worker is restored
-    /// only after that worker committed it and let it go (it stops listing the task in its
-    /// `status.workers` entry). A worker that does not let go in time (hung, cut off from
-    /// the API server) is fenced: initializing its transactional id aborts its open
-    /// transaction and makes its next commit fail.
-    fn await_release(&self, generation: i64, ids: &[TaskId]) -> Result<(), RuntimeError> {
+    /// Under the operator, a task moving here is restored only after its previous owner
+    /// committed it and let it go: no other worker reports it ACTIVE any more. Pods the
+    /// operator failed over (`down`) are not waited for; under exactly-once they are fenced
+    /// at once. A worker that does not let go in time (hung, cut off from the API server) is
+    /// fenced under exactly-once: initializing its transactional id aborts its open
+    /// transaction and makes its next commit fail. At-least-once has nothing to fence with:
+    /// after the timeout the task is taken anyway, and a worker that is still processing it
+    /// (a zombie) may write duplicates until it sees the new assignment.
+    fn await_release(&mut self, d: &Desired, ids: &[TaskId]) -> Result<(), RuntimeError> {
+        self.fenced.retain(|p| d.down.contains(p));
+        if self.cfg.exactly_once() {
+            for pod in &d.down {
+                if *pod == self.cfg.instance_id || self.fenced.contains(pod) {
+                    continue;
+                }
+                let id = collector::transactional_id(&self.cfg.application_id, pod);
+                tracing::warn!(worker = %pod, transactional_id = %id,
+                    "the operator failed this worker over: fencing it before taking its tasks");
+                init_transactions(self.cfg, &id, None)?;
+                self.fenced.push(pod.clone());
+            }
+        }
         let deadline = Instant::now() + HANDOFF_TIMEOUT;
         loop {
-            // Holders still list a task; a worker behind this generation may be about to
-            // take one (it reports a task only once it starts on it).
-            let (holders, behind) = match self.status.peers.lock() {
-                Ok(peers) => (
-                    peers
-                        .iter()
-                        .filter(|(_, p)| p.tasks.iter().any(|t| ids.contains(t)))
-                        .map(|(pod, _)| pod.clone())
-                        .collect::<Vec<_>>(),
-                    peers.values().any(|p| p.applied_generation < generation),
-                ),
-                Err(_) => (Vec::new(), false),
+            let holders = match self.status.peers.lock() {
+                Ok(peers) => plan::holders(&peers, ids, &d.down),
+                Err(_) => Vec::new(),
             };
-            if holders.is_empty() && !behind {
+            if holders.is_empty() {
                 return Ok(());
             }
             if self.status.shutdown.load(Ordering::Relaxed) {
@@ -737,10 +810,15 @@ impl Manager<'_> {
             self.status.beat();
             if Instant::now() >= deadline {
                 for pod in holders {
-                    let id = collector::transactional_id(&self.cfg.application_id, &pod);
-                    tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
-                        "the previous owner still holds tasks assigned here: fencing it");
-                    init_transactions(self.cfg, &id, None)?;
+                    if self.cfg.exactly_once() {
+                        let id = collector::transactional_id(&self.cfg.application_id, &pod);
+                        tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
+                            "the previous owner still holds tasks assigned here: fencing it");
+                        init_transactions(self.cfg, &id, None)?;
+                    } else {
+                        tracing::warn!(worker = %pod, timeout_s = HANDOFF_TIMEOUT.as_secs(),
+                            "the previous owner still holds tasks assigned here: taking them anyway (at-least-once cannot fence it; it may write duplicates until it lets go)");
+                    }
                 }
                 return Ok(());
             }
@@ -763,8 +841,11 @@ impl Manager<'_> {
                 (
                     t.id.to_string(),
                     TaskStatus {
+                        role: TaskRole::Active,
                         state: t.state,
-                        ..Default::default()
+                        restore_backlog: 0,
+                        // Running: it writes the changelogs; before, restore fills it in.
+                        lag: (t.state == TaskState::Running).then_some(0),
                     },
                 )
             })
@@ -823,7 +904,7 @@ fn retry<T>(
 }
 
 /// How long a worker waits for the previous owner of a task to let it go before fencing it
-/// (its report interval is 2 s).
+/// (a worker reports at once when it lets tasks go, and at least every 5 s).
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Maps an input (topic, partition) to the task that owns it.

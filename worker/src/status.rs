@@ -3,8 +3,9 @@
 //! this worker's own report. It sits below the runtime and restore so neither imports the
 //! other for it.
 
-use eddy_crds::TaskId;
-use eddy_crds::resource::{WorkerProblem, WorkerStatus};
+pub use crate::plan::{Desired, Peer};
+use eddy_crds::resource::{TaskStatus, WorkerProblem, WorkerStatus};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,12 +25,18 @@ pub struct Status {
     pub restored: Mutex<Restored>,
     /// Run the tasks in `desired` instead of every task (set when the operator assigns).
     pub follow_assignment: bool,
-    /// The operator's assignment for this worker: (generation, active tasks).
-    pub desired: Mutex<Option<(i64, Vec<TaskId>)>>,
+    /// The operator's assignment for this worker (the latest generation seen).
+    pub desired: Mutex<Option<Desired>>,
     /// Under the operator: what each other worker of the app reports, by pod.
     pub peers: Mutex<HashMap<String, Peer>>,
-    /// What this worker runs, for its entry in the app's `status.workers`.
+    /// What this worker runs, for its entry in the app's `status.workers`: the active
+    /// tasks (written by the processing thread).
     pub report: Mutex<WorkerStatus>,
+    /// The standby and warm-up tasks, by id (written by the state updater); the reporter
+    /// sends them with `report`.
+    pub replicas: Mutex<BTreeMap<String, TaskStatus>>,
+    /// Wakes the reporter to send at once (an assignment applied, tasks released).
+    pub report_now: tokio::sync::Notify,
     /// Reports sent to the app's status so far (under the operator), and a signal for each.
     pub reports_sent: Mutex<u64>,
     pub report_sent: std::sync::Condvar,
@@ -65,6 +72,23 @@ impl Status {
             .wait_timeout_while(sent, timeout, |n| *n == seen);
     }
 
+    /// Ask the reporter to send the current report now rather than at its next turn.
+    pub fn report_soon(&self) {
+        self.report_now.notify_one();
+    }
+
+    /// The report to send: the active tasks and the replicas together.
+    pub fn full_report(&self) -> Option<WorkerStatus> {
+        let mut r = self.report.lock().ok()?.clone();
+        if let Ok(replicas) = self.replicas.lock() {
+            for (id, t) in replicas.iter() {
+                r.tasks.entry(id.clone()).or_insert_with(|| t.clone());
+            }
+        }
+        r.problem = self.problem.lock().ok().and_then(|p| p.clone());
+        Some(r)
+    }
+
     /// Called by the reporter after each report it sent.
     pub fn reported(&self) {
         if let Ok(mut n) = self.reports_sent.lock() {
@@ -72,12 +96,4 @@ impl Status {
         }
         self.report_sent.notify_all();
     }
-}
-
-/// Another worker of the same app, as its `status.workers` entry describes it.
-#[derive(Clone, Debug, Default)]
-pub struct Peer {
-    pub applied_generation: i64,
-    /// Tasks it holds, in any state.
-    pub tasks: Vec<TaskId>,
 }
