@@ -19,7 +19,7 @@ use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +101,7 @@ pub fn restore(
     tasks: &mut [Task],
     metrics: &Metrics,
     status: &Status,
+    cancel: &AtomicBool,
 ) -> Result<Restored, RestoreError> {
     let mut restored = Restored::new();
     // Records left per task and store, summed per task into the worker's status report.
@@ -217,7 +218,7 @@ pub fn restore(
         let started = Instant::now();
         let mut pending: HashMap<i32, Pending> = HashMap::new();
         while !targets.is_empty() {
-            if status.shutdown.load(Ordering::Relaxed) {
+            if status.shutdown.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed) {
                 return Err(RestoreError::Interrupted);
             }
             status.beat();

@@ -23,7 +23,7 @@ use crate::metrics::{Metrics, PartitionLabels, ReasonLabels};
 use crate::plan::{self, Desired};
 use crate::processor::ProcessError;
 use crate::record::Origin;
-use crate::restore::{self, RestoreError};
+use crate::restore::{self, RestoreError, Restored};
 pub use crate::status::{Peer, Status};
 use crate::store::{StateResources, StoreError};
 use crate::task::{Task, TaskError, TaskState};
@@ -38,7 +38,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -189,9 +189,13 @@ pub fn run(
         last_poll_warning: None,
         updater: None,
         fenced: Vec::new(),
+        jobs: Vec::new(),
     };
     let result = m.supervise();
     m.status.ready.store(false, Ordering::Relaxed);
+    for j in std::mem::take(&mut m.jobs) {
+        j.cancel();
+    }
     // Standbys' checkpoints written, their databases closed (whatever the outcome).
     if let Some(mut u) = m.updater.take() {
         u.stop();
@@ -277,6 +281,8 @@ struct Manager<'a> {
     updater: Option<Updater>,
     /// Failed-over pods whose transactional id this worker fenced (exactly-once).
     fenced: Vec<String>,
+    /// Tasks gained and not yet running.
+    jobs: Vec<RestoreJob>,
 }
 
 impl Manager<'_> {
@@ -327,6 +333,9 @@ impl Manager<'_> {
             let _ = p.abort_transaction(Duration::from_secs(5));
         }
         self.in_transaction = false;
+        for j in std::mem::take(&mut self.jobs) {
+            j.cancel();
+        }
         for t in std::mem::take(&mut self.tasks) {
             t.close_dirty();
         }
@@ -420,6 +429,9 @@ impl Manager<'_> {
                 self.change(&desired)?;
                 route = Router::new(&self.tasks);
                 self.report();
+            }
+            if self.progress()? {
+                route = Router::new(&self.tasks);
             }
             if self.applied.is_none() {
                 // Under the operator, nothing to do until the first assignment arrives.
@@ -534,7 +546,21 @@ impl Manager<'_> {
         // restore: a worker waiting for them must not wait for this worker's restores.
         self.applied = Some(d.generation);
         self.stale = false;
-        let active: Vec<TaskId> = self.tasks.iter().map(|t| t.id).collect();
+        // A restore still wanted goes on; one with a task no longer active here is dropped
+        // (what it wrote is checkpointed: taking the task again resumes from there).
+        let (keep, cancel): (Vec<RestoreJob>, Vec<RestoreJob>) = std::mem::take(&mut self.jobs)
+            .into_iter()
+            .partition(|j| j.ids.iter().all(|t| d.active.contains(t)));
+        self.jobs = keep;
+        for j in cancel {
+            j.cancel();
+        }
+        let active: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .map(|t| t.id)
+            .chain(self.jobs.iter().flat_map(|j| j.ids.iter().copied()))
+            .collect();
         let c = plan::changes(&active, &self.replicas(), d);
         if !c.actives_unchanged() {
             tracing::info!(generation = d.generation, start = ?c.start, promote = ?c.promote,
@@ -596,27 +622,114 @@ impl Manager<'_> {
         let new = c.gained();
         if new.is_empty() {
             self.healthy();
-            self.status.ready.store(true, Ordering::Relaxed);
+            // Every active task runs (a pod with no task, or only standbys, is Ready too).
+            self.status
+                .ready
+                .store(self.jobs.is_empty(), Ordering::Relaxed);
             return Ok(());
         }
-        // A failure from here on leaves the tasks to take again after a recovery.
-        self.stale = true;
         self.status.ready.store(false, Ordering::Relaxed);
         if self.status.follow_assignment {
-            self.await_release(d, &new)?;
+            self.fence_down(d)?;
         }
+        tracing::info!(tasks = ?new, "taking tasks: restoring them while the running ones go on");
+        self.jobs.push(RestoreJob {
+            ids: new,
+            down: d.down.clone(),
+            deadline: Instant::now() + HANDOFF_TIMEOUT,
+            handed,
+            cancel: Arc::new(AtomicBool::new(false)),
+            started: false,
+            thread: None,
+        });
+        Ok(())
+    }
+
+    /// Move the restores along without blocking: a task whose previous owner let go is
+    /// created and restored on a thread of its own; a restored task gets its input partition
+    /// at its committed offset and runs. True when tasks started running.
+    fn progress(&mut self) -> Result<bool, RuntimeError> {
+        if self.status.shutdown.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let mut started = false;
+        let mut i = 0;
+        while i < self.jobs.len() {
+            if self.jobs[i].thread.is_none() {
+                if self.status.follow_assignment && !self.released(i)? {
+                    i += 1;
+                    continue;
+                }
+                self.spawn_restore(i)?;
+                i += 1;
+                continue;
+            }
+            if !self.jobs[i]
+                .thread
+                .as_ref()
+                .is_some_and(|t| t.is_finished())
+            {
+                i += 1;
+                continue;
+            }
+            let job = self.jobs.remove(i);
+            let Some(thread) = job.thread else { continue };
+            let (added, result) = thread
+                .join()
+                .map_err(|_| RuntimeError::Restore(RestoreError::Interrupted))?;
+            let restored = result?;
+            if let Ok(mut r) = self.status.restored.lock() {
+                *r = restored;
+            }
+            self.run_restored(added)?;
+            started = true;
+        }
+        if started {
+            self.stale = false;
+            self.healthy();
+            let ready = self.jobs.is_empty();
+            self.status.ready.store(ready, Ordering::Relaxed);
+            self.report();
+            self.status.report_soon();
+            if ready {
+                tracing::info!(tasks = self.tasks.len(), "all tasks running");
+            }
+        }
+        Ok(started)
+    }
+
+    /// Create a job's tasks and restore them on a thread of their own.
+    fn spawn_restore(&mut self, i: usize) -> Result<(), RuntimeError> {
         let (topics, producer) = self.ensure_started()?;
-        let mut added = self.create(&new, &topics, &producer)?;
+        let ids = self.jobs[i].ids.clone();
+        let mut added = self.create(&ids, &topics, &producer)?;
         for t in &mut added {
-            if let Some(memory) = handed.remove(&t.id) {
+            if let Some(memory) = self.jobs[i].handed.remove(&t.id) {
                 t.give_memory_stores(memory);
             }
         }
-        self.report_tasks(&added);
-        let restored = restore::restore(self.cfg, &mut added, &self.metrics, &self.status)?;
-        if let Ok(mut r) = self.status.restored.lock() {
-            *r = restored;
-        }
+        let cfg = self.cfg.clone();
+        let (metrics, status) = (self.metrics.clone(), self.status.clone());
+        let cancel = self.jobs[i].cancel.clone();
+        // Reported as ACTIVE (RESTORING) from now on: the previous owner let go.
+        self.jobs[i].started = true;
+        self.report();
+        let thread = std::thread::Builder::new()
+            .name("eddy-restore".into())
+            .spawn(move || {
+                let result = restore::restore(&cfg, &mut added, &metrics, &status, &cancel);
+                (added, result)
+            })
+            .map_err(|e| RuntimeError::Updater(UpdaterError::Spawn(e)))?;
+        self.jobs[i].thread = Some(thread);
+        Ok(())
+    }
+
+    /// Restored tasks resume their input partitions where the last commit left them, and run.
+    fn run_restored(&mut self, mut added: Vec<Task>) -> Result<(), RuntimeError> {
+        let Some(producer) = self.producer.clone() else {
+            return Err(RuntimeError::NoGroupMetadata);
+        };
         // Resume each input partition where the last commit left it. On a fresh cluster the
         // group coordinator may still be loading: retry those answers.
         let mut tpl = TopicPartitionList::new();
@@ -661,12 +774,6 @@ impl Manager<'_> {
             t.transition(TaskState::Running);
         }
         self.tasks.extend(added);
-        self.stale = false;
-        self.healthy();
-        self.status.ready.store(true, Ordering::Relaxed);
-        self.report();
-        self.status.report_soon();
-        tracing::info!(tasks = self.tasks.len(), "all tasks running");
         Ok(())
     }
 
@@ -774,69 +881,69 @@ impl Manager<'_> {
     }
 
     /// Under the operator, a task moving here is restored only after its previous owner
-    /// committed it and let it go: no other worker reports it ACTIVE any more. Pods the
+    /// committed it and let it go ([`Self::released`], checked on every turn of the loop): no other worker reports it ACTIVE any more. Pods the
     /// operator failed over (`down`) are not waited for; under exactly-once they are fenced
     /// at once. A worker that does not let go in time (hung, cut off from the API server) is
     /// fenced under exactly-once: initializing its transactional id aborts its open
     /// transaction and makes its next commit fail. At-least-once has nothing to fence with:
     /// after the timeout the task is taken anyway, and a worker that is still processing it
     /// (a zombie) may write duplicates until it sees the new assignment.
-    fn await_release(&mut self, d: &Desired, ids: &[TaskId]) -> Result<(), RuntimeError> {
+    fn fence_down(&mut self, d: &Desired) -> Result<(), RuntimeError> {
         self.fenced.retain(|p| d.down.contains(p));
-        if self.cfg.exactly_once() {
-            for pod in &d.down {
-                if *pod == self.cfg.instance_id || self.fenced.contains(pod) {
-                    continue;
-                }
-                let id = collector::transactional_id(&self.cfg.application_id, pod);
-                tracing::warn!(worker = %pod, transactional_id = %id,
-                    "the operator failed this worker over: fencing it before taking its tasks");
-                init_transactions(self.cfg, &id, None)?;
-                self.fenced.push(pod.clone());
-            }
+        if !self.cfg.exactly_once() {
+            return Ok(());
         }
-        let deadline = Instant::now() + HANDOFF_TIMEOUT;
-        loop {
-            let holders = match self.status.peers.lock() {
-                Ok(peers) => plan::holders(&peers, ids, &d.down),
-                Err(_) => Vec::new(),
-            };
-            if holders.is_empty() {
-                return Ok(());
+        for pod in &d.down {
+            if *pod == self.cfg.instance_id || self.fenced.contains(pod) {
+                continue;
             }
-            if self.status.shutdown.load(Ordering::Relaxed) {
-                return Err(RuntimeError::Restore(RestoreError::Interrupted));
-            }
-            self.status.beat();
-            if Instant::now() >= deadline {
-                for pod in holders {
-                    if self.cfg.exactly_once() {
-                        let id = collector::transactional_id(&self.cfg.application_id, &pod);
-                        tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
-                            "the previous owner still holds tasks assigned here: fencing it");
-                        init_transactions(self.cfg, &id, None)?;
-                    } else {
-                        tracing::warn!(worker = %pod, timeout_s = HANDOFF_TIMEOUT.as_secs(),
-                            "the previous owner still holds tasks assigned here: taking them anyway (at-least-once cannot fence it; it may write duplicates until it lets go)");
-                    }
-                }
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            let id = collector::transactional_id(&self.cfg.application_id, pod);
+            tracing::warn!(worker = %pod, transactional_id = %id,
+                "the operator failed this worker over: fencing it before taking its tasks");
+            init_transactions(self.cfg, &id, None)?;
+            self.fenced.push(pod.clone());
         }
+        Ok(())
     }
 
-    fn report_tasks(&self, extra: &[Task]) {
+    /// True once no peer outside `down` reports one of job `i`'s tasks ACTIVE, or the
+    /// hand-off timeout passed (then, under exactly-once, the holders are fenced).
+    fn released(&mut self, i: usize) -> Result<bool, RuntimeError> {
+        let job = &self.jobs[i];
+        let holders = match self.status.peers.lock() {
+            Ok(peers) => plan::holders(&peers, &job.ids, &job.down),
+            Err(_) => Vec::new(),
+        };
+        if holders.is_empty() {
+            return Ok(true);
+        }
+        if Instant::now() < job.deadline {
+            return Ok(false);
+        }
+        for pod in holders {
+            if self.cfg.exactly_once() {
+                let id = collector::transactional_id(&self.cfg.application_id, &pod);
+                tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
+                    "the previous owner still holds tasks assigned here: fencing it");
+                init_transactions(self.cfg, &id, None)?;
+            } else {
+                tracing::warn!(worker = %pod, timeout_s = HANDOFF_TIMEOUT.as_secs(),
+                    "the previous owner still holds tasks assigned here: taking them anyway (at-least-once cannot fence it; it may write duplicates until it lets go)");
+            }
+        }
+        Ok(true)
+    }
+
+    fn report(&self) {
         let problem = self.status.problem.lock().ok().and_then(|p| p.clone());
         let Ok(mut r) = self.status.report.lock() else {
             return;
         };
         r.problem = problem;
         r.applied_generation = self.applied.unwrap_or(0);
-        r.tasks = self
+        let mut tasks: std::collections::BTreeMap<String, TaskStatus> = self
             .tasks
             .iter()
-            .chain(extra)
             .map(|t| {
                 (
                     t.id.to_string(),
@@ -844,16 +951,53 @@ impl Manager<'_> {
                         role: TaskRole::Active,
                         state: t.state,
                         restore_backlog: 0,
-                        // Running: it writes the changelogs; before, restore fills it in.
+                        // Running: it writes the changelogs.
                         lag: (t.state == TaskState::Running).then_some(0),
                     },
                 )
             })
             .collect();
+        // Tasks restoring on their thread: restore keeps their backlog up to date.
+        for id in self.jobs.iter().filter(|j| j.started).flat_map(|j| &j.ids) {
+            let key = id.to_string();
+            let entry = r.tasks.get(&key).cloned().unwrap_or(TaskStatus {
+                role: TaskRole::Active,
+                state: TaskState::Restoring,
+                restore_backlog: 0,
+                lag: None,
+            });
+            tasks.insert(key, entry);
+        }
+        r.tasks = tasks;
     }
+}
 
-    fn report(&self) {
-        self.report_tasks(&[]);
+/// Tasks gained in one generation: waiting for their previous owner to let go, then
+/// restoring on a thread of their own while the processing thread goes on.
+struct RestoreJob {
+    ids: Vec<TaskId>,
+    /// The assignment's failed-over pods: not waited for.
+    down: Vec<String>,
+    /// When the previous owner is fenced (exactly-once) or ignored (at-least-once).
+    deadline: Instant,
+    /// In-memory stores of promoted standbys, for the tasks when they are created.
+    handed: MemoryStores,
+    cancel: Arc<AtomicBool>,
+    /// The previous owner let go: the tasks exist and restore.
+    started: bool,
+    /// The restoring thread, which hands the tasks back with the outcome.
+    thread: Option<RestoreThread>,
+}
+
+type RestoreThread = std::thread::JoinHandle<(Vec<Task>, Result<Restored, RestoreError>)>;
+
+impl RestoreJob {
+    /// Stop restoring and drop the tasks (their stores keep what was restored).
+    fn cancel(self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread {
+            let _ = t.join();
+        }
     }
 }
 
