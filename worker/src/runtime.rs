@@ -689,8 +689,9 @@ impl Manager<'_> {
             self.healthy();
             let ready = self.jobs.is_empty();
             self.status.ready.store(ready, Ordering::Relaxed);
+            // Not urgent: the report that showed the backlog stays up for the reporter's
+            // interval, so the operator sees the restore even when it was short.
             self.report();
-            self.status.report_soon();
             if ready {
                 tracing::info!(tasks = self.tasks.len(), "all tasks running");
             }
