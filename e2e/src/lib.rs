@@ -217,6 +217,12 @@ pub fn partition_count(topic: &str) -> Result<i32> {
     }))
 }
 
+/// (low, high) watermarks of one partition.
+pub fn watermarks(topic: &str, partition: i32) -> Result<(i64, i64)> {
+    let c: BaseConsumer = client(&[])?.create()?;
+    Ok(c.fetch_watermarks(topic, partition, Duration::from_secs(10))?)
+}
+
 /// Set a topic config (replaces the topic's other dynamic configs).
 pub fn set_topic_config(topic: &str, key: &str, value: &str) -> Result<()> {
     use rdkafka::admin::{AlterConfig, ResourceSpecifier};
@@ -415,6 +421,8 @@ pub fn free_port() -> Result<u16> {
 pub struct WorkerOptions {
     pub bootstrap: Option<String>,
     pub state_dir: Option<PathBuf>,
+    /// Extra environment (e.g. what the operator gives a pod: `EDDY_ASSIGNMENT`, ...).
+    pub env: Vec<(String, String)>,
 }
 
 /// A running `eddy-worker run` process.
@@ -451,6 +459,7 @@ impl Worker {
             .arg(o.state_dir.clone().unwrap_or_else(|| dir.join("state")))
             .args(["--http-addr", &http])
             .env("EDDY_LOG", "info,librdkafka=warn")
+            .envs(o.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()?;

@@ -1,12 +1,16 @@
 //! The worker's side of the operator's assignment. Under the operator a worker does not
 //! join a consumer-group rebalance: it watches its own `StatefulStreamApp`, runs the tasks
-//! `status.assignment` gives its pod, and reports what it runs (per-task state, restore
-//! backlog, the generation it applied) into its own entry of `status.workers` with
-//! server-side apply, the pod name as field manager, at a bounded rate.
+//! `status.assignment` gives its pod (active, standby, warm-up), and reports what it holds
+//! (per-task role, state, restore backlog and changelog lag, the generation it applied) into
+//! its own entry of `status.workers` with server-side apply, the pod name as field manager:
+//! at once after applying a generation, every 250 ms while something restores or a warm-up
+//! catches up, and at least every [`REPORT_HEARTBEAT_SECONDS`] as a heartbeat.
 
-use crate::runtime::{Peer, Status};
+use crate::status::{Desired, Peer, Status};
 use eddy_crds::TaskId;
-use eddy_crds::resource::StatefulStreamApp;
+use eddy_crds::resource::{
+    REPORT_HEARTBEAT_SECONDS, StatefulStreamApp, TaskRole, TaskState, WorkerStatus,
+};
 use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -24,7 +28,7 @@ pub struct Link {
     pub pod: String,
 }
 
-/// Watch the app and feed this pod's active tasks to the processing loop.
+/// Watch the app and feed this pod's tasks to the processing loop.
 pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::Result<()> {
     let api: Api<StatefulStreamApp> = Api::namespaced(client, &link.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", link.app));
@@ -45,9 +49,15 @@ pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::
                 .iter()
                 .filter(|(pod, _)| **pod != link.pod)
                 .map(|(pod, w)| {
+                    // Reports of workers from before roles existed say nothing: ACTIVE.
                     let peer = Peer {
                         applied_generation: w.applied_generation,
-                        tasks: w.tasks.keys().filter_map(|t| t.parse().ok()).collect(),
+                        active: w
+                            .tasks
+                            .iter()
+                            .filter(|(_, t)| t.role == TaskRole::Active)
+                            .filter_map(|(id, _)| id.parse().ok())
+                            .collect(),
                     };
                     (pod.clone(), peer)
                 })
@@ -56,43 +66,55 @@ pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::
         let Some(a) = st.assignment else {
             continue;
         };
-        let mine: Vec<TaskId> = a
-            .pods
-            .get(&link.pod)
-            .map(|p| p.active.iter().filter_map(|t| t.parse().ok()).collect())
-            .unwrap_or_default();
+        let ids = |v: Option<&Vec<String>>| -> Vec<TaskId> {
+            v.map(|v| v.iter().filter_map(|t| t.parse().ok()).collect())
+                .unwrap_or_default()
+        };
+        let mine = a.pods.get(&link.pod);
+        let desired = Desired {
+            generation: a.generation,
+            active: ids(mine.map(|p| &p.active)),
+            standby: ids(mine.map(|p| &p.standby)),
+            warmup: ids(mine.map(|p| &p.warmup)),
+            down: a.down.clone(),
+        };
         if let Ok(mut d) = status.desired.lock()
-            && d.as_ref().map(|(g, _)| *g) != Some(a.generation)
+            && d.as_ref().map(|d| d.generation) != Some(a.generation)
         {
-            tracing::info!(generation = a.generation, tasks = ?mine, "new assignment");
-            *d = Some((a.generation, mine));
+            tracing::info!(generation = a.generation, active = ?desired.active,
+                standby = ?desired.standby, warmup = ?desired.warmup, down = ?desired.down,
+                "new assignment");
+            *d = Some(desired);
         }
     }
     Ok(())
 }
 
-/// Report this worker's tasks into `status.workers.<pod>` when they change: at most every
-/// `every`, but every 250 ms while a task restores so the backlog is seen falling, and at
-/// least every minute as a heartbeat.
+/// Report this worker's tasks into `status.workers.<pod>` when they change: at once when
+/// the processing thread asks ([`Status::report_soon`]: a generation applied, tasks let go),
+/// at most every `every` otherwise, but every 250 ms while a task restores or a warm-up
+/// catches up (so the operator sees it caught up within a second), and at least every
+/// [`REPORT_HEARTBEAT_SECONDS`] (the operator fails a silent worker over).
 pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Duration) {
     let api: Api<StatefulStreamApp> = Api::namespaced(client, &link.namespace);
     let params = PatchParams::apply(&link.pod).force();
-    let mut last = None;
+    let heartbeat = Duration::from_secs(REPORT_HEARTBEAT_SECONDS);
+    let mut last: Option<WorkerStatus> = None;
     let mut last_sent = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let mut report = match status.report.lock() {
-            Ok(r) => r.clone(),
-            Err(_) => continue,
+        let urgent = tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => false,
+            _ = status.report_now.notified() => true,
         };
-        // Why the worker is not processing (while it retries), so the app's status says it.
-        report.problem = status.problem.lock().ok().and_then(|p| p.clone());
-        let restoring = report.tasks.values().any(|t| t.restore_backlog > 0);
+        let Some(mut report) = status.full_report() else {
+            continue;
+        };
         let changed = last.as_ref() != Some(&report);
-        let due = if changed && (restoring || last_sent.elapsed() >= every) {
+        let due = if changed && (urgent || catching_up(&report) || last_sent.elapsed() >= every) {
             true
         } else {
-            last_sent.elapsed() >= Duration::from_secs(60)
+            // Ahead of the heartbeat bound, so a slow API server does not make it stale.
+            last_sent.elapsed() >= heartbeat.saturating_sub(Duration::from_secs(1))
         };
         if !due {
             continue;
@@ -119,6 +141,62 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
     }
 }
 
+/// Something the operator is waiting to see progress on: an active task restoring, a
+/// replica catching up from far behind, a warm-up not yet at the changelogs' end.
+fn catching_up(r: &WorkerStatus) -> bool {
+    r.tasks.values().any(|t| {
+        t.restore_backlog > 0
+            || t.state == TaskState::Restoring
+            || (t.role == TaskRole::Warmup && t.lag.is_none_or(|l| l > 0))
+    })
+}
+
 fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eddy_crds::resource::TaskStatus;
+
+    fn with(t: TaskStatus) -> WorkerStatus {
+        WorkerStatus {
+            tasks: [("0_0".to_string(), t)].into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn reports_fast_while_restoring_or_a_warmup_catches_up() {
+        let running = TaskStatus {
+            role: TaskRole::Active,
+            state: TaskState::Running,
+            restore_backlog: 0,
+            lag: Some(0),
+        };
+        assert!(!catching_up(&with(running.clone())));
+        assert!(catching_up(&with(TaskStatus {
+            state: TaskState::Restoring,
+            restore_backlog: 10,
+            ..running.clone()
+        })));
+        let warmup = TaskStatus {
+            role: TaskRole::Warmup,
+            lag: Some(5),
+            ..running.clone()
+        };
+        assert!(catching_up(&with(warmup.clone())));
+        assert!(!catching_up(&with(TaskStatus {
+            lag: Some(0),
+            ..warmup
+        })));
+        // A standby following a busy changelog always lags a little: not a reason to
+        // report four times a second.
+        assert!(!catching_up(&with(TaskStatus {
+            role: TaskRole::Standby,
+            lag: Some(5),
+            ..running
+        })));
+    }
 }

@@ -9,7 +9,7 @@
 
 use crate::expr::budget;
 use crate::metrics::Metrics;
-use crate::runtime::Status;
+use crate::status::Status;
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;

@@ -23,14 +23,17 @@ pub mod format;
 pub mod http;
 pub mod metrics;
 pub mod partitioner;
+pub mod plan;
 pub mod processor;
 pub mod record;
 pub mod restore;
 pub mod runtime;
+pub mod status;
 pub mod steps;
 pub mod store;
 pub mod task;
 pub mod topology;
+pub mod updater;
 
 pub use config::{Overrides, WorkerConfig};
 pub use processor::{Context, KeyValueStore, ProcessError, Processor};

@@ -50,6 +50,12 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabels {
+    /// `standby` or `warmup`.
+    pub role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     /// The worker problem's reason (`KafkaUnavailable`, `StateStoreUnavailable`, ...).
     pub reason: String,
@@ -73,6 +79,9 @@ pub struct Metrics {
     pub bad_records: Family<OutcomeLabels, Counter>,
     pub stores_rebuilt: Family<StoreLabels, Counter>,
     pub recoveries: Family<ReasonLabels, Counter>,
+    pub standby_tasks: Family<RoleLabels, Gauge>,
+    pub standby_lag: Family<StoreLabels, Gauge>,
+    pub standby_updated: Family<StoreLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -100,6 +109,9 @@ impl Metrics {
             bad_records: Family::default(),
             stores_rebuilt: Family::default(),
             recoveries: Family::default(),
+            standby_tasks: Family::default(),
+            standby_lag: Family::default(),
+            standby_updated: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -173,6 +185,21 @@ impl Metrics {
             "recoveries",
             "Times the worker dropped its uncommitted work and resumed its tasks from the last commit (Kafka outage, fenced or aborted transaction, state store I/O error), by reason",
             m.recoveries.clone(),
+        );
+        r.register(
+            "standby_tasks",
+            "Standby and warm-up tasks this worker keeps up to date, by role",
+            m.standby_tasks.clone(),
+        );
+        r.register(
+            "standby_lag_records",
+            "Changelog records a standby or warm-up store lacks (changelog end minus its checkpoint), per task and store",
+            m.standby_lag.clone(),
+        );
+        r.register(
+            "standby_updated_records",
+            "Changelog records applied to standby and warm-up stores, per task and store",
+            m.standby_updated.clone(),
         );
         Metrics { registry, ..m }
     }

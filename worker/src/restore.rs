@@ -8,7 +8,8 @@
 use crate::cache::{Backend, Changes};
 use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, StoreLabels};
-use crate::runtime::Status;
+pub use crate::status::Restored;
+use crate::status::Status;
 use crate::store::{Change, StoreError};
 use crate::task::{Task, TaskState};
 use rdkafka::consumer::ConsumerContext;
@@ -18,7 +19,7 @@ use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -53,28 +54,25 @@ impl ClientContext for RestoreContext {
 }
 impl ConsumerContext for RestoreContext {}
 
-/// Records restored, per task id and store, for logs and tests.
-pub type Restored = HashMap<(String, String), u64>;
-
 /// Bytes of distinct keys and values buffered per changelog partition before they are
 /// written to the store. Only a key's last value matters, so a batch keeps one entry per key:
 /// a changelog written by frequent commits repeats each key many times, and every repeat
 /// dropped here is a memtable insert saved.
-const BATCH_BYTES: usize = 2 << 20;
+pub(crate) const BATCH_BYTES: usize = 2 << 20;
 
 /// One partition's records read but not yet written: last value per key.
 #[derive(Default)]
-struct Pending {
-    latest: HashMap<Vec<u8>, Option<Vec<u8>>>,
-    bytes: usize,
+pub(crate) struct Pending {
+    pub latest: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    pub bytes: usize,
     /// Records read into this batch.
-    read: u64,
+    pub read: u64,
     /// Offset after the last record read.
-    next: i64,
+    pub next: i64,
 }
 
 impl Pending {
-    fn add(&mut self, key: &[u8], value: Option<&[u8]>, offset: i64) {
+    pub fn add(&mut self, key: &[u8], value: Option<&[u8]>, offset: i64) {
         let vlen = value.map_or(0, <[u8]>::len);
         match self.latest.get_mut(key) {
             Some(v) => {
@@ -103,6 +101,7 @@ pub fn restore(
     tasks: &mut [Task],
     metrics: &Metrics,
     status: &Status,
+    cancel: &AtomicBool,
 ) -> Result<Restored, RestoreError> {
     let mut restored = Restored::new();
     // Records left per task and store, summed per task into the worker's status report.
@@ -115,6 +114,7 @@ pub fn restore(
             && let Some(t) = r.tasks.get_mut(task)
         {
             t.restore_backlog = total;
+            t.lag = Some(total);
             if total > 0 {
                 t.state = TaskState::Restoring;
             }
@@ -218,7 +218,7 @@ pub fn restore(
         let started = Instant::now();
         let mut pending: HashMap<i32, Pending> = HashMap::new();
         while !targets.is_empty() {
-            if status.shutdown.load(Ordering::Relaxed) {
+            if status.shutdown.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed) {
                 return Err(RestoreError::Interrupted);
             }
             status.beat();

@@ -20,13 +20,16 @@ use crate::collector::{self, Collector, DeliveryError};
 use crate::config::WorkerConfig;
 use crate::fault;
 use crate::metrics::{Metrics, PartitionLabels, ReasonLabels};
+use crate::plan::{self, Desired};
 use crate::processor::ProcessError;
 use crate::record::Origin;
 use crate::restore::{self, RestoreError, Restored};
+pub use crate::status::{Peer, Status};
 use crate::store::{StateResources, StoreError};
 use crate::task::{Task, TaskError, TaskState};
+use crate::updater::{MemoryStores, Updater, UpdaterError};
 use eddy_crds::TaskId;
-use eddy_crds::resource::{TaskStatus, WorkerProblem, WorkerProblemReason, WorkerStatus};
+use eddy_crds::resource::{TaskRole, TaskStatus, WorkerProblem, WorkerProblemReason};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -34,7 +37,7 @@ use rdkafka::producer::Producer as _;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,6 +65,8 @@ pub enum RuntimeError {
     Leaderless(Duration),
     #[error("committing input offsets got no answer in {} s (group coordinator unreachable)", .0.as_secs())]
     CommitStalled(Duration),
+    #[error("standby tasks: {0}")]
+    Updater(UpdaterError),
 }
 
 impl RuntimeError {
@@ -87,6 +92,7 @@ impl RuntimeError {
             RuntimeError::NoGroupMetadata
             | RuntimeError::CommitStalled(_)
             | RuntimeError::Leaderless(_) => true,
+            RuntimeError::Updater(_) => false,
         }
     }
 
@@ -138,75 +144,6 @@ impl RuntimeError {
 fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> RuntimeError {
     let what = what.into();
     move |source| RuntimeError::Kafka { what, source }
-}
-
-/// Shared with the HTTP server, the operator link and the embedding application.
-#[derive(Default)]
-pub struct Status {
-    /// True once every active task is RUNNING.
-    pub ready: AtomicBool,
-    /// Set to ask the loop to commit, close cleanly and return.
-    pub shutdown: AtomicBool,
-    /// What the last restore did, for tests and logs.
-    pub restored: Mutex<Restored>,
-    /// Run the tasks in `desired` instead of every task (set when the operator assigns).
-    pub follow_assignment: bool,
-    /// The operator's assignment for this worker: (generation, active tasks).
-    pub desired: Mutex<Option<(i64, Vec<TaskId>)>>,
-    /// Under the operator: what each other worker of the app reports, by pod.
-    pub peers: Mutex<HashMap<String, Peer>>,
-    /// What this worker runs, for its entry in the app's `status.workers`.
-    pub report: Mutex<WorkerStatus>,
-    /// Reports sent to the app's status so far (under the operator), and a signal for each.
-    pub reports_sent: Mutex<u64>,
-    pub report_sent: std::sync::Condvar,
-    /// When the processing thread last made progress, in ms since the UNIX epoch (0: not
-    /// started); `/healthz` fails when it is older than `livenessTimeoutMs`.
-    pub heartbeat: AtomicU64,
-    /// Why the worker is not processing, while it retries (None when all is well).
-    pub problem: Mutex<Option<WorkerProblem>>,
-}
-
-impl Status {
-    /// The processing thread is making progress (or waiting on purpose): called once per
-    /// turn of its loops.
-    pub fn beat(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        self.heartbeat.store(now, Ordering::Relaxed);
-    }
-
-    /// Under the operator, wait (at most `timeout`) until the status reporter has sent the
-    /// current report; standalone, return at once.
-    pub fn await_report(&self, timeout: Duration) {
-        if !self.follow_assignment {
-            return;
-        }
-        let Ok(sent) = self.reports_sent.lock() else {
-            return;
-        };
-        let seen = *sent;
-        let _ = self
-            .report_sent
-            .wait_timeout_while(sent, timeout, |n| *n == seen);
-    }
-
-    /// Called by the reporter after each report it sent.
-    pub fn reported(&self) {
-        if let Ok(mut n) = self.reports_sent.lock() {
-            *n += 1;
-        }
-        self.report_sent.notify_all();
-    }
-}
-
-/// Another worker of the same app, as its `status.workers` entry describes it.
-#[derive(Clone, Debug, Default)]
-pub struct Peer {
-    pub applied_generation: i64,
-    /// Tasks it holds, in any state.
-    pub tasks: Vec<TaskId>,
 }
 
 /// Feeds consumer lag from librdkafka's statistics into the metrics, without extra requests,
@@ -280,7 +217,7 @@ pub fn run(
     let mut m = Manager {
         cfg,
         topics: None,
-        resources: StateResources::new(cfg.rocksdb_bytes)?,
+        resources: Arc::new(StateResources::new(cfg.rocksdb_bytes)?),
         consumer,
         producer: None,
         in_transaction: false,
@@ -292,9 +229,19 @@ pub fn run(
         backoff: MIN_BACKOFF,
         rejections: 0,
         last_poll_warning: None,
+        updater: None,
+        fenced: Vec::new(),
+        jobs: Vec::new(),
     };
     let result = m.supervise();
     m.status.ready.store(false, Ordering::Relaxed);
+    for j in std::mem::take(&mut m.jobs) {
+        j.cancel();
+    }
+    // Standbys' checkpoints written, their databases closed (whatever the outcome).
+    if let Some(mut u) = m.updater.take() {
+        u.stop();
+    }
     match result {
         Ok(()) => {
             for t in &mut m.tasks {
@@ -352,7 +299,7 @@ struct Manager<'a> {
     cfg: &'a WorkerConfig,
     /// Partition counts and record limits of the app's topics, learned at (re)start.
     topics: Option<Arc<Topics>>,
-    resources: StateResources,
+    resources: Arc<StateResources>,
     /// Shared with a commit that may not return (see [`commit_offsets`]).
     consumer: Arc<BaseConsumer<LagReporter>>,
     /// The worker's producer, shared by its tasks; None until Kafka answered, and again
@@ -373,6 +320,13 @@ struct Manager<'a> {
     rejections: u32,
     /// Poll errors librdkafka recovers from are logged at most every few seconds.
     last_poll_warning: Option<Instant>,
+    /// The state updater following this worker's standby and warm-up tasks (started with
+    /// the first one).
+    updater: Option<Updater>,
+    /// Failed-over pods whose transactional id this worker fenced (exactly-once).
+    fenced: Vec<String>,
+    /// Tasks gained and not yet running.
+    jobs: Vec<RestoreJob>,
 }
 
 impl Manager<'_> {
@@ -423,6 +377,9 @@ impl Manager<'_> {
             let _ = p.abort_transaction(Duration::from_secs(5));
         }
         self.in_transaction = false;
+        for j in std::mem::take(&mut self.jobs) {
+            j.cancel();
+        }
         for t in std::mem::take(&mut self.tasks) {
             t.close_dirty();
         }
@@ -516,10 +473,13 @@ impl Manager<'_> {
         while !self.status.shutdown.load(Ordering::Relaxed) {
             self.status.beat();
             self.ensure_started()?;
-            if let Some((generation, ids)) = self.wanted() {
-                self.change(generation, &ids)?;
+            if let Some(desired) = self.wanted() {
+                self.change(&desired)?;
                 route = Router::new(&self.tasks);
                 self.report();
+            }
+            if self.progress()? {
+                route = Router::new(&self.tasks);
             }
             if self.applied.is_none() {
                 // Under the operator, nothing to do until the first assignment arrives.
@@ -605,77 +565,227 @@ impl Manager<'_> {
         }
     }
 
-    /// The task set to switch to, if it changed (or a recovery dropped the tasks).
-    fn wanted(&self) -> Option<(i64, Vec<TaskId>)> {
+    /// The assignment to switch to, if it changed (or a recovery dropped the tasks).
+    fn wanted(&self) -> Option<Desired> {
         if !self.status.follow_assignment {
-            return (self.applied.is_none() || self.stale).then(|| (0, self.all_tasks()));
+            return (self.applied.is_none() || self.stale).then(|| Desired {
+                active: self.all_tasks(),
+                ..Default::default()
+            });
         }
-        let desired = self.status.desired.lock().ok()?.clone()?;
-        if Some(desired.0) == self.applied && !self.stale {
+        let mut desired = self.status.desired.lock().ok()?.clone()?;
+        if Some(desired.generation) == self.applied && !self.stale {
             return None;
         }
-        let all = self.all_tasks();
-        let (known, unknown): (Vec<TaskId>, Vec<TaskId>) =
-            desired.1.into_iter().partition(|t| all.contains(t));
+        let unknown = desired.retain_known(&self.all_tasks());
         if !unknown.is_empty() {
             tracing::warn!(?unknown, "ignoring assigned tasks this app does not have");
         }
-        Some((desired.0, known))
+        Some(desired)
     }
 
-    /// Release the tasks not in `ids` (after committing them) and take the new ones
-    /// (restoring them before they process).
-    fn change(&mut self, generation: i64, ids: &[TaskId]) -> Result<(), RuntimeError> {
+    /// The standby and warm-up tasks followed now.
+    fn replicas(&self) -> Vec<TaskId> {
+        self.updater
+            .as_ref()
+            .map(|u| u.replicas.iter().map(|(t, _)| *t).collect())
+            .unwrap_or_default()
+    }
+
+    /// Apply an assignment: let go of the active tasks not active here any more (committed,
+    /// closed; those that stay as standbys go to the state updater with their stores), hand
+    /// the replicas to the updater, report, and then take the new active tasks: promoted
+    /// standbys restore only the tail their stores lack.
+    fn change(&mut self, d: &Desired) -> Result<(), RuntimeError> {
         // Reported as applied once the released tasks are let go (below), before any
         // restore: a worker waiting for them must not wait for this worker's restores.
-        self.applied = Some(generation);
+        self.applied = Some(d.generation);
         self.stale = false;
-        let new: Vec<TaskId> = ids
-            .iter()
-            .filter(|id| !self.tasks.iter().any(|t| t.id == **id))
-            .copied()
-            .collect();
-        let releasing = self.tasks.iter().any(|t| !ids.contains(&t.id));
-        if !releasing && new.is_empty() {
-            return Ok(());
+        // A restore still wanted goes on; one with a task no longer active here is dropped
+        // (what it wrote is checkpointed: taking the task again resumes from there).
+        let (keep, cancel): (Vec<RestoreJob>, Vec<RestoreJob>) = std::mem::take(&mut self.jobs)
+            .into_iter()
+            .partition(|j| j.ids.iter().all(|t| d.active.contains(t)));
+        self.jobs = keep;
+        for j in cancel {
+            j.cancel();
         }
-        // Released tasks hand over committed state, and an open transaction must not outlive
-        // `transaction.timeout.ms` during a long restore: commit everything first.
-        self.commit()?;
-        if releasing {
-            let (keep, release): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
+        let active: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .map(|t| t.id)
+            .chain(self.jobs.iter().flat_map(|j| j.ids.iter().copied()))
+            .collect();
+        let c = plan::changes(&active, &self.replicas(), d);
+        if !c.actives_unchanged() {
+            tracing::info!(generation = d.generation, start = ?c.start, promote = ?c.promote,
+                demote = ?c.demote, release = ?c.release, "applying the assignment");
+            // Released tasks hand over committed state, and an open transaction must not
+            // outlive `transaction.timeout.ms` during a long restore: commit everything first.
+            self.commit()?;
+        }
+        let lost = c.lost();
+        let mut given = MemoryStores::new();
+        if !lost.is_empty() {
+            let (release, keep): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.tasks)
                 .into_iter()
-                .partition(|t| ids.contains(&t.id));
+                .partition(|t| lost.contains(&t.id));
             self.tasks = keep;
             let mut tpl = TopicPartitionList::new();
             for mut t in release {
                 tpl.add_partition(&t.input_topic, t.id.partition);
                 t.close()?;
-                tracing::info!(task = %t.id, "task released");
+                if c.demote.contains(&t.id) {
+                    given.insert(t.id, t.take_memory_stores());
+                    tracing::info!(task = %t.id, "task demoted: its stores go on as a standby");
+                } else {
+                    tracing::info!(task = %t.id, "task released");
+                }
+                // Dropped here: its database is closed before the updater opens it.
             }
             self.consumer
                 .incremental_unassign(&tpl)
                 .map_err(kafka("unassigning released partitions"))?;
-            // Tell the other workers at once: one may be waiting to take these tasks over.
-            self.report();
         }
+        let mut handed = MemoryStores::new();
+        if c.replicas.is_empty() && self.updater.is_none() {
+            // Nothing to follow, nothing followed.
+        } else if self.updater.as_ref().map(|u| &u.replicas) != Some(&c.replicas)
+            || !given.is_empty()
+        {
+            if self.updater.is_none() {
+                self.updater = Some(
+                    Updater::start(
+                        self.cfg,
+                        self.resources.clone(),
+                        self.metrics.clone(),
+                        self.status.clone(),
+                    )
+                    .map_err(RuntimeError::Updater)?,
+                );
+            }
+            if let Some(u) = &mut self.updater {
+                let status = &self.status;
+                handed = u
+                    .set(&c.replicas, given, || status.beat())
+                    .map_err(RuntimeError::Updater)?;
+            }
+        }
+        // Tell the other workers at once: one may be waiting to take the released tasks.
+        self.report();
+        self.status.report_soon();
+        let new = c.gained();
         if new.is_empty() {
             self.healthy();
+            // Every active task runs (a pod with no task, or only standbys, is Ready too).
+            self.status
+                .ready
+                .store(self.jobs.is_empty(), Ordering::Relaxed);
             return Ok(());
         }
-        // A failure from here on leaves the tasks to take again after a recovery.
-        self.stale = true;
         self.status.ready.store(false, Ordering::Relaxed);
-        if self.cfg.exactly_once() && self.status.follow_assignment {
-            self.await_release(generation, &new)?;
+        if self.status.follow_assignment {
+            self.fence_down(d)?;
         }
+        tracing::info!(tasks = ?new, "taking tasks: restoring them while the running ones go on");
+        self.jobs.push(RestoreJob {
+            ids: new,
+            down: d.down.clone(),
+            deadline: Instant::now() + HANDOFF_TIMEOUT,
+            handed,
+            cancel: Arc::new(AtomicBool::new(false)),
+            started: false,
+            thread: None,
+        });
+        Ok(())
+    }
+
+    /// Move the restores along without blocking: a task whose previous owner let go is
+    /// created and restored on a thread of its own; a restored task gets its input partition
+    /// at its committed offset and runs. True when tasks started running.
+    fn progress(&mut self) -> Result<bool, RuntimeError> {
+        if self.status.shutdown.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let mut started = false;
+        let mut i = 0;
+        while i < self.jobs.len() {
+            if self.jobs[i].thread.is_none() {
+                if self.status.follow_assignment && !self.released(i)? {
+                    i += 1;
+                    continue;
+                }
+                self.spawn_restore(i)?;
+                i += 1;
+                continue;
+            }
+            if !self.jobs[i]
+                .thread
+                .as_ref()
+                .is_some_and(|t| t.is_finished())
+            {
+                i += 1;
+                continue;
+            }
+            let job = self.jobs.remove(i);
+            let Some(thread) = job.thread else { continue };
+            let (added, result) = thread
+                .join()
+                .map_err(|_| RuntimeError::Restore(RestoreError::Interrupted))?;
+            let restored = result?;
+            if let Ok(mut r) = self.status.restored.lock() {
+                *r = restored;
+            }
+            self.run_restored(added)?;
+            started = true;
+        }
+        if started {
+            self.stale = false;
+            self.healthy();
+            let ready = self.jobs.is_empty();
+            self.status.ready.store(ready, Ordering::Relaxed);
+            // Not urgent: the report that showed the backlog stays up for the reporter's
+            // interval, so the operator sees the restore even when it was short.
+            self.report();
+            if ready {
+                tracing::info!(tasks = self.tasks.len(), "all tasks running");
+            }
+        }
+        Ok(started)
+    }
+
+    /// Create a job's tasks and restore them on a thread of their own.
+    fn spawn_restore(&mut self, i: usize) -> Result<(), RuntimeError> {
         let (topics, producer) = self.ensure_started()?;
-        let mut added = self.create(&new, &topics, &producer)?;
-        self.report_tasks(&added);
-        let restored = restore::restore(self.cfg, &mut added, &self.metrics, &self.status)?;
-        if let Ok(mut r) = self.status.restored.lock() {
-            *r = restored;
+        let ids = self.jobs[i].ids.clone();
+        let mut added = self.create(&ids, &topics, &producer)?;
+        for t in &mut added {
+            if let Some(memory) = self.jobs[i].handed.remove(&t.id) {
+                t.give_memory_stores(memory);
+            }
         }
+        let cfg = self.cfg.clone();
+        let (metrics, status) = (self.metrics.clone(), self.status.clone());
+        let cancel = self.jobs[i].cancel.clone();
+        // Reported as ACTIVE (RESTORING) from now on: the previous owner let go.
+        self.jobs[i].started = true;
+        self.report();
+        let thread = std::thread::Builder::new()
+            .name("eddy-restore".into())
+            .spawn(move || {
+                let result = restore::restore(&cfg, &mut added, &metrics, &status, &cancel);
+                (added, result)
+            })
+            .map_err(|e| RuntimeError::Updater(UpdaterError::Spawn(e)))?;
+        self.jobs[i].thread = Some(thread);
+        Ok(())
+    }
+
+    /// Restored tasks resume their input partitions where the last commit left them, and run.
+    fn run_restored(&mut self, mut added: Vec<Task>) -> Result<(), RuntimeError> {
+        let Some(producer) = self.producer.clone() else {
+            return Err(RuntimeError::NoGroupMetadata);
+        };
         // Resume each input partition where the last commit left it. On a fresh cluster the
         // group coordinator may still be loading: retry those answers.
         let mut tpl = TopicPartitionList::new();
@@ -720,10 +830,6 @@ impl Manager<'_> {
             t.transition(TaskState::Running);
         }
         self.tasks.extend(added);
-        self.stale = false;
-        self.healthy();
-        self.status.ready.store(true, Ordering::Relaxed);
-        tracing::info!(tasks = self.tasks.len(), "all tasks running");
         Ok(())
     }
 
@@ -828,72 +934,124 @@ impl Manager<'_> {
         Ok(true)
     }
 
-    /// Exactly-once under the operator: a task moving here from another worker is restored
-    /// only after that worker committed it and let it go (it stops listing the task in its
-    /// `status.workers` entry). A worker that does not let go in time (hung, cut off from
-    /// the API server) is fenced: initializing its transactional id aborts its open
-    /// transaction and makes its next commit fail.
-    fn await_release(&self, generation: i64, ids: &[TaskId]) -> Result<(), RuntimeError> {
-        let deadline = Instant::now() + HANDOFF_TIMEOUT;
-        loop {
-            // Holders still list a task; a worker behind this generation may be about to
-            // take one (it reports a task only once it starts on it).
-            let (holders, behind) = match self.status.peers.lock() {
-                Ok(peers) => (
-                    peers
-                        .iter()
-                        .filter(|(_, p)| p.tasks.iter().any(|t| ids.contains(t)))
-                        .map(|(pod, _)| pod.clone())
-                        .collect::<Vec<_>>(),
-                    peers.values().any(|p| p.applied_generation < generation),
-                ),
-                Err(_) => (Vec::new(), false),
-            };
-            if holders.is_empty() && !behind {
-                return Ok(());
-            }
-            if self.status.shutdown.load(Ordering::Relaxed) {
-                return Err(RuntimeError::Restore(RestoreError::Interrupted));
-            }
-            self.status.beat();
-            if Instant::now() >= deadline {
-                for pod in holders {
-                    let id = collector::transactional_id(&self.cfg.application_id, &pod);
-                    tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
-                        "the previous owner still holds tasks assigned here: fencing it");
-                    init_transactions(self.cfg, &id, None)?;
-                }
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+    /// Under the operator, a task moving here is restored only after its previous owner
+    /// committed it and let it go ([`Self::released`], checked on every turn of the loop): no other worker reports it ACTIVE any more. Pods the
+    /// operator failed over (`down`) are not waited for; under exactly-once they are fenced
+    /// at once. A worker that does not let go in time (hung, cut off from the API server) is
+    /// fenced under exactly-once: initializing its transactional id aborts its open
+    /// transaction and makes its next commit fail. At-least-once has nothing to fence with:
+    /// after the timeout the task is taken anyway, and a worker that is still processing it
+    /// (a zombie) may write duplicates until it sees the new assignment.
+    fn fence_down(&mut self, d: &Desired) -> Result<(), RuntimeError> {
+        self.fenced.retain(|p| d.down.contains(p));
+        if !self.cfg.exactly_once() {
+            return Ok(());
         }
+        for pod in &d.down {
+            if *pod == self.cfg.instance_id || self.fenced.contains(pod) {
+                continue;
+            }
+            let id = collector::transactional_id(&self.cfg.application_id, pod);
+            tracing::warn!(worker = %pod, transactional_id = %id,
+                "the operator failed this worker over: fencing it before taking its tasks");
+            init_transactions(self.cfg, &id, None)?;
+            self.fenced.push(pod.clone());
+        }
+        Ok(())
     }
 
-    fn report_tasks(&self, extra: &[Task]) {
+    /// True once no peer outside `down` reports one of job `i`'s tasks ACTIVE, or the
+    /// hand-off timeout passed (then, under exactly-once, the holders are fenced).
+    fn released(&mut self, i: usize) -> Result<bool, RuntimeError> {
+        let job = &self.jobs[i];
+        let holders = match self.status.peers.lock() {
+            Ok(peers) => plan::holders(&peers, &job.ids, &job.down),
+            Err(_) => Vec::new(),
+        };
+        if holders.is_empty() {
+            return Ok(true);
+        }
+        if Instant::now() < job.deadline {
+            return Ok(false);
+        }
+        for pod in holders {
+            if self.cfg.exactly_once() {
+                let id = collector::transactional_id(&self.cfg.application_id, &pod);
+                tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
+                    "the previous owner still holds tasks assigned here: fencing it");
+                init_transactions(self.cfg, &id, None)?;
+            } else {
+                tracing::warn!(worker = %pod, timeout_s = HANDOFF_TIMEOUT.as_secs(),
+                    "the previous owner still holds tasks assigned here: taking them anyway (at-least-once cannot fence it; it may write duplicates until it lets go)");
+            }
+        }
+        Ok(true)
+    }
+
+    fn report(&self) {
         let problem = self.status.problem.lock().ok().and_then(|p| p.clone());
         let Ok(mut r) = self.status.report.lock() else {
             return;
         };
         r.problem = problem;
         r.applied_generation = self.applied.unwrap_or(0);
-        r.tasks = self
+        let mut tasks: std::collections::BTreeMap<String, TaskStatus> = self
             .tasks
             .iter()
-            .chain(extra)
             .map(|t| {
                 (
                     t.id.to_string(),
                     TaskStatus {
+                        role: TaskRole::Active,
                         state: t.state,
-                        ..Default::default()
+                        restore_backlog: 0,
+                        // Running: it writes the changelogs.
+                        lag: (t.state == TaskState::Running).then_some(0),
                     },
                 )
             })
             .collect();
+        // Tasks restoring on their thread: restore keeps their backlog up to date.
+        for id in self.jobs.iter().filter(|j| j.started).flat_map(|j| &j.ids) {
+            let key = id.to_string();
+            let entry = r.tasks.get(&key).cloned().unwrap_or(TaskStatus {
+                role: TaskRole::Active,
+                state: TaskState::Restoring,
+                restore_backlog: 0,
+                lag: None,
+            });
+            tasks.insert(key, entry);
+        }
+        r.tasks = tasks;
     }
+}
 
-    fn report(&self) {
-        self.report_tasks(&[]);
+/// Tasks gained in one generation: waiting for their previous owner to let go, then
+/// restoring on a thread of their own while the processing thread goes on.
+struct RestoreJob {
+    ids: Vec<TaskId>,
+    /// The assignment's failed-over pods: not waited for.
+    down: Vec<String>,
+    /// When the previous owner is fenced (exactly-once) or ignored (at-least-once).
+    deadline: Instant,
+    /// In-memory stores of promoted standbys, for the tasks when they are created.
+    handed: MemoryStores,
+    cancel: Arc<AtomicBool>,
+    /// The previous owner let go: the tasks exist and restore.
+    started: bool,
+    /// The restoring thread, which hands the tasks back with the outcome.
+    thread: Option<RestoreThread>,
+}
+
+type RestoreThread = std::thread::JoinHandle<(Vec<Task>, Result<Restored, RestoreError>)>;
+
+impl RestoreJob {
+    /// Stop restoring and drop the tasks (their stores keep what was restored).
+    fn cancel(self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread {
+            let _ = t.join();
+        }
     }
 }
 
@@ -969,7 +1127,7 @@ const LEADERLESS_LIMIT: Duration = Duration::from_secs(30);
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long a worker waits for the previous owner of a task to let it go before fencing it
-/// (its report interval is 2 s).
+/// (a worker reports at once when it lets tasks go, and at least every 5 s).
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Maps an input (topic, partition) to the task that owns it.

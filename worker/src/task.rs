@@ -441,6 +441,29 @@ impl Task {
         tracing::info!(task = %self.id, "task closed without committing");
     }
 
+    /// Take the in-memory stores' committed state (a demoted task's, for its standby).
+    pub fn take_memory_stores(&mut self) -> Vec<(String, MemoryStore)> {
+        self.stores
+            .iter_mut()
+            .filter_map(|s| match &mut s.backend {
+                Backend::Memory(m) => Some((s.name.clone(), std::mem::take(m))),
+                Backend::Rocks => None,
+            })
+            .collect()
+    }
+
+    /// Start the in-memory stores from a standby's copy (a promoted task's): restore then
+    /// replays only what the copy lacks.
+    pub fn give_memory_stores(&mut self, memory: Vec<(String, MemoryStore)>) {
+        for (name, m) in memory {
+            if let Some(s) = self.stores.iter_mut().find(|s| s.name == name)
+                && s.is_in_memory()
+            {
+                s.backend = Backend::Memory(m);
+            }
+        }
+    }
+
     pub fn db(&self) -> Option<&TaskDb> {
         self.db.as_ref()
     }

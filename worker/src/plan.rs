@@ -1,0 +1,286 @@
+//! What a worker should hold and what to do when that changes, as pure functions: the
+//! operator's assignment for this pod ([`Desired`]), the per-task moves a new generation
+//! makes ([`Changes`]), who still holds a task being handed over ([`holders`]), and how far
+//! behind a copy of a store is ([`lag`]).
+
+use eddy_crds::TaskId;
+use eddy_crds::resource::TaskRole;
+use std::collections::HashMap;
+
+/// The operator's assignment for this pod (`status.assignment`), or, standalone, every task
+/// active here.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub generation: i64,
+    /// Tasks this worker processes.
+    pub active: Vec<TaskId>,
+    /// Tasks whose stores this worker keeps up to date from their changelogs.
+    pub standby: Vec<TaskId>,
+    /// Standbys placed here because the task is about to move here.
+    pub warmup: Vec<TaskId>,
+    /// Pods the operator failed over: their tasks are taken without waiting for them.
+    pub down: Vec<String>,
+}
+
+impl Desired {
+    /// The standby and warm-up tasks, with their role. A task listed as active is active
+    /// only; one listed as both standby and warm-up is a warm-up.
+    pub fn replicas(&self) -> Vec<(TaskId, TaskRole)> {
+        let mut out: Vec<(TaskId, TaskRole)> = Vec::new();
+        for (ids, role) in [
+            (&self.warmup, TaskRole::Warmup),
+            (&self.standby, TaskRole::Standby),
+        ] {
+            for id in ids {
+                if !self.active.contains(id) && !out.iter().any(|(t, _)| t == id) {
+                    out.push((*id, role));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Only the tasks `known` has (the app's tasks): the rest are returned apart.
+    pub fn retain_known(&mut self, known: &[TaskId]) -> Vec<TaskId> {
+        let mut unknown = Vec::new();
+        for ids in [&mut self.active, &mut self.standby, &mut self.warmup] {
+            ids.retain(|t| {
+                let ok = known.contains(t);
+                if !ok {
+                    unknown.push(*t);
+                }
+                ok
+            });
+        }
+        unknown
+    }
+}
+
+/// What a new generation does to each task of this worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Active here now, and not a replica here before: restored from whatever local state
+    /// the worker has.
+    pub start: Vec<TaskId>,
+    /// A standby or warm-up here becomes active: the replica's stores are handed over at
+    /// their position and only the tail is restored.
+    pub promote: Vec<TaskId>,
+    /// Active here, now a standby or warm-up here: committed, closed, its stores kept and
+    /// followed from their changelogs.
+    pub demote: Vec<TaskId>,
+    /// Active here, not here at all any more: committed and closed (its state stays on disk).
+    pub release: Vec<TaskId>,
+    /// The standbys and warm-ups to follow after the change, with their role.
+    pub replicas: Vec<(TaskId, TaskRole)>,
+}
+
+impl Changes {
+    /// Nothing to do for the active tasks (the replicas may still change).
+    pub fn actives_unchanged(&self) -> bool {
+        self.start.is_empty()
+            && self.promote.is_empty()
+            && self.demote.is_empty()
+            && self.release.is_empty()
+    }
+
+    /// Tasks that become active here.
+    pub fn gained(&self) -> Vec<TaskId> {
+        let mut v: Vec<TaskId> = self.start.iter().chain(&self.promote).copied().collect();
+        v.sort();
+        v
+    }
+
+    /// Active tasks that stop being active here.
+    pub fn lost(&self) -> Vec<TaskId> {
+        let mut v: Vec<TaskId> = self.demote.iter().chain(&self.release).copied().collect();
+        v.sort();
+        v
+    }
+}
+
+/// The moves from what this worker holds (`active`, `replicas`) to `desired`.
+pub fn changes(active: &[TaskId], replicas: &[TaskId], desired: &Desired) -> Changes {
+    let next = desired.replicas();
+    let is_replica = |t: &TaskId| next.iter().any(|(r, _)| r == t);
+    let mut c = Changes {
+        replicas: next.clone(),
+        ..Default::default()
+    };
+    for t in &desired.active {
+        if active.contains(t) {
+            continue;
+        }
+        if replicas.contains(t) {
+            c.promote.push(*t);
+        } else {
+            c.start.push(*t);
+        }
+    }
+    for t in active {
+        if desired.active.contains(t) {
+            continue;
+        }
+        if is_replica(t) {
+            c.demote.push(*t);
+        } else {
+            c.release.push(*t);
+        }
+    }
+    for v in [&mut c.start, &mut c.promote, &mut c.demote, &mut c.release] {
+        v.sort();
+        v.dedup();
+    }
+    c
+}
+
+/// Another worker of the same app, as its `status.workers` entry describes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Peer {
+    pub applied_generation: i64,
+    /// Tasks it reports with role ACTIVE, in any state.
+    pub active: Vec<TaskId>,
+}
+
+/// The peers (outside `down`) that still report one of `ids` as ACTIVE: a task moving here
+/// is taken only once none does (or they are fenced). Pods the operator failed over are not
+/// waited for.
+pub fn holders(peers: &HashMap<String, Peer>, ids: &[TaskId], down: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = peers
+        .iter()
+        .filter(|(pod, p)| !down.contains(pod) && p.active.iter().any(|t| ids.contains(t)))
+        .map(|(pod, _)| pod.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Changelog records a copy of a store lacks: from `position` (the next offset it would
+/// apply) to the changelog's end (its last stable offset under read_committed). Unknown ends
+/// count as caught up only once the copy reached them.
+pub fn lag(position: i64, end: Option<i64>) -> Option<i64> {
+    end.map(|e| (e - position).max(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(v: &[i32]) -> Vec<TaskId> {
+        v.iter().map(|p| TaskId::new(0, *p)).collect()
+    }
+
+    #[test]
+    fn a_generation_starts_promotes_demotes_and_releases() {
+        let desired = Desired {
+            generation: 2,
+            active: ids(&[0, 1, 2]),
+            standby: ids(&[3, 5]),
+            warmup: ids(&[4]),
+            down: vec![],
+        };
+        // Held: 0 active (stays), 1 standby (promoted), 3 active (demoted to standby),
+        // 6 active (released), 5 standby (stays), 7 standby (dropped).
+        let c = changes(&ids(&[0, 3, 6]), &ids(&[1, 5, 7]), &desired);
+        assert_eq!(c.start, ids(&[2]));
+        assert_eq!(c.promote, ids(&[1]));
+        assert_eq!(c.demote, ids(&[3]));
+        assert_eq!(c.release, ids(&[6]));
+        assert_eq!(
+            c.replicas,
+            vec![
+                (TaskId::new(0, 3), TaskRole::Standby),
+                (TaskId::new(0, 4), TaskRole::Warmup),
+                (TaskId::new(0, 5), TaskRole::Standby),
+            ]
+        );
+        assert_eq!(c.gained(), ids(&[1, 2]));
+        assert_eq!(c.lost(), ids(&[3, 6]));
+        assert!(!c.actives_unchanged());
+    }
+
+    #[test]
+    fn only_replicas_changing_leaves_the_actives_alone() {
+        let desired = Desired {
+            generation: 3,
+            active: ids(&[0]),
+            standby: ids(&[1]),
+            ..Default::default()
+        };
+        let c = changes(&ids(&[0]), &[], &desired);
+        assert!(c.actives_unchanged());
+        assert_eq!(c.replicas, vec![(TaskId::new(0, 1), TaskRole::Standby)]);
+    }
+
+    #[test]
+    fn active_wins_over_replica_roles_and_warmup_over_standby() {
+        let d = Desired {
+            active: ids(&[0]),
+            standby: ids(&[0, 1, 2]),
+            warmup: ids(&[2]),
+            ..Default::default()
+        };
+        assert_eq!(
+            d.replicas(),
+            vec![
+                (TaskId::new(0, 1), TaskRole::Standby),
+                (TaskId::new(0, 2), TaskRole::Warmup),
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_tasks_are_set_apart() {
+        let mut d = Desired {
+            active: ids(&[0, 9]),
+            standby: ids(&[8]),
+            ..Default::default()
+        };
+        let unknown = d.retain_known(&ids(&[0, 1]));
+        assert_eq!(d.active, ids(&[0]));
+        assert!(d.standby.is_empty());
+        assert_eq!(unknown, ids(&[9, 8]));
+    }
+
+    #[test]
+    fn holders_are_peers_reporting_the_task_active_outside_down() {
+        let peers = HashMap::from([
+            (
+                "a".to_string(),
+                Peer {
+                    applied_generation: 1,
+                    active: ids(&[0]),
+                },
+            ),
+            (
+                "b".to_string(),
+                Peer {
+                    applied_generation: 1,
+                    active: ids(&[1]),
+                },
+            ),
+            // Behind this generation, holding nothing asked for: not waited for (two
+            // workers gaining tasks at once do not wait on each other).
+            (
+                "c".to_string(),
+                Peer {
+                    applied_generation: 0,
+                    active: ids(&[5]),
+                },
+            ),
+        ]);
+        assert_eq!(holders(&peers, &ids(&[0, 1]), &[]), vec!["a", "b"]);
+        assert_eq!(
+            holders(&peers, &ids(&[0, 1]), &["a".to_string()]),
+            vec!["b"]
+        );
+        assert!(holders(&peers, &ids(&[2]), &[]).is_empty());
+    }
+
+    #[test]
+    fn lag_is_the_distance_to_the_end() {
+        assert_eq!(lag(10, Some(25)), Some(15));
+        assert_eq!(lag(30, Some(25)), Some(0));
+        assert_eq!(lag(10, None), None);
+    }
+}

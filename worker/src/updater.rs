@@ -1,0 +1,789 @@
+//! The state updater (Kafka Streams' StateUpdater) for standby and warm-up tasks: its own
+//! thread and ONE long-lived changelog consumer (`read_committed`, manual assignment, no
+//! group commits) keep each replica's stores up to date while the processing thread
+//! processes. Records are batched per store (last value per key, as restore does) and
+//! written with the store's checkpoint in one atomic RocksDB batch, so a restarted worker
+//! resumes a standby from its checkpoint, and a promoted task restores only the tail.
+//!
+//! In-memory stores are followed too (kept in memory here) and handed to the processing
+//! thread on promotion, or taken from it on demotion.
+//!
+//! The processing thread talks to it through [`Updater::set`]: "follow exactly these
+//! replicas"; when it returns, every task not in the set has its database closed (so the
+//! processing thread can open it) and its in-memory stores handed back.
+//!
+//! Lag per store is the changelog's end minus the position the store's checkpoint holds. The
+//! end is the last stable offset librdkafka's statistics report every second (no request of
+//! its own), or the end seen when the replica opened, or past the last record read.
+
+use crate::cache::Changes;
+use crate::config::WorkerConfig;
+use crate::metrics::{Metrics, RoleLabels, StoreLabels};
+use crate::plan;
+use crate::restore::{BATCH_BYTES, Pending};
+use crate::status::Status;
+use crate::store::{Change, MemoryStore, StateResources, StoreError, TaskDb};
+use eddy_crds::TaskId;
+use eddy_crds::resource::{TaskRole, TaskState, TaskStatus};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// In-memory stores of one task, by store name, handed between the updater and the
+/// processing thread.
+pub type MemoryStores = HashMap<TaskId, Vec<(String, MemoryStore)>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpdaterError {
+    #[error("the state updater thread is gone")]
+    Gone,
+    #[error("starting the state updater thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+enum Command {
+    Set {
+        replicas: Vec<(TaskId, TaskRole)>,
+        given: MemoryStores,
+        reply: Sender<MemoryStores>,
+    },
+    Stop,
+}
+
+/// The processing thread's handle on the state updater thread.
+pub struct Updater {
+    tx: Sender<Command>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The replicas the updater follows (as last set).
+    pub replicas: Vec<(TaskId, TaskRole)>,
+}
+
+impl Updater {
+    pub fn start(
+        cfg: &WorkerConfig,
+        resources: Arc<StateResources>,
+        metrics: Arc<Metrics>,
+        status: Arc<Status>,
+    ) -> Result<Self, UpdaterError> {
+        let (tx, rx) = mpsc::channel();
+        let cfg = cfg.clone();
+        let thread = std::thread::Builder::new()
+            .name("eddy-standby".into())
+            .spawn(move || {
+                State {
+                    cfg,
+                    resources,
+                    metrics,
+                    status,
+                    ends: Arc::new(Mutex::new(HashMap::new())),
+                    consumer: None,
+                    replicas: Vec::new(),
+                    reopen: Vec::new(),
+                    last_error: None,
+                }
+                .run(rx)
+            })
+            .map_err(UpdaterError::Spawn)?;
+        Ok(Self {
+            tx,
+            thread: Some(thread),
+            replicas: Vec::new(),
+        })
+    }
+
+    /// Follow exactly `replicas` (with `given`: in-memory stores of tasks demoted here). On
+    /// return every other task's database is closed; the in-memory stores of the tasks let
+    /// go are returned. `beat` is called while waiting.
+    pub fn set(
+        &mut self,
+        replicas: &[(TaskId, TaskRole)],
+        given: MemoryStores,
+        beat: impl Fn(),
+    ) -> Result<MemoryStores, UpdaterError> {
+        let (reply, answer) = mpsc::channel();
+        self.tx
+            .send(Command::Set {
+                replicas: replicas.to_vec(),
+                given,
+                reply,
+            })
+            .map_err(|_| UpdaterError::Gone)?;
+        loop {
+            beat();
+            match answer.recv_timeout(Duration::from_millis(200)) {
+                Ok(handed) => {
+                    self.replicas = replicas.to_vec();
+                    return Ok(handed);
+                }
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Err(UpdaterError::Gone),
+            }
+        }
+    }
+
+    /// Let go of every replica (checkpoints written, databases closed) and end the thread.
+    pub fn stop(&mut self) {
+        let _ = self.tx.send(Command::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Updater {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Changelog ends (last stable offsets) from librdkafka's statistics, by (topic, partition).
+type Ends = Arc<Mutex<HashMap<(String, i32), i64>>>;
+
+struct UpdaterContext(Ends);
+
+impl ClientContext for UpdaterContext {
+    fn stats(&self, stats: Statistics) {
+        let Ok(mut ends) = self.0.lock() else { return };
+        for (topic, t) in stats.topics {
+            for (p, part) in t.partitions {
+                if p >= 0 && part.ls_offset >= 0 {
+                    ends.insert((topic.clone(), p), part.ls_offset);
+                }
+            }
+        }
+    }
+}
+impl ConsumerContext for UpdaterContext {}
+
+/// One store of a replica.
+struct ReplicaStore {
+    name: String,
+    changelog: String,
+    /// Some for an in-memory store.
+    memory: Option<MemoryStore>,
+    /// Next changelog offset the stored state lacks (its checkpoint).
+    position: i64,
+    /// The changelog's end as last known.
+    end: Option<i64>,
+    pending: Pending,
+    /// A record arrived since the changelog was assigned: only then does the consumer's
+    /// position speak for this assignment.
+    fresh: bool,
+    labels: StoreLabels,
+}
+
+/// A standby or warm-up task.
+struct Replica {
+    id: TaskId,
+    role: TaskRole,
+    db: Option<TaskDb>,
+    stores: Vec<ReplicaStore>,
+    /// Reached the changelogs' end at least once (RESTORING before, RUNNING after).
+    caught_up: bool,
+}
+
+impl Replica {
+    fn lag(&self) -> Option<i64> {
+        self.stores
+            .iter()
+            .map(|s| plan::lag(s.position, s.end))
+            .sum()
+    }
+
+    fn report(&self) -> TaskStatus {
+        TaskStatus {
+            role: self.role,
+            state: if self.caught_up {
+                TaskState::Running
+            } else {
+                TaskState::Restoring
+            },
+            restore_backlog: 0,
+            lag: self.lag(),
+        }
+    }
+}
+
+struct State {
+    cfg: WorkerConfig,
+    resources: Arc<StateResources>,
+    metrics: Arc<Metrics>,
+    status: Arc<Status>,
+    ends: Ends,
+    /// Created with the first replica, kept for the life of the thread.
+    consumer: Option<BaseConsumer<UpdaterContext>>,
+    replicas: Vec<Replica>,
+    /// Replicas that failed to open or to write, opened again after a pause.
+    reopen: Vec<(TaskId, TaskRole, Instant)>,
+    last_error: Option<Instant>,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ReplicaError {
+    #[error("standby task {task}: {source}")]
+    Store {
+        task: TaskId,
+        #[source]
+        source: StoreError,
+    },
+    #[error("standby task {task}: reading {topic}: {source}")]
+    Kafka {
+        task: TaskId,
+        topic: String,
+        #[source]
+        source: KafkaError,
+    },
+}
+
+/// How often pending records are written and the report refreshed while tailing.
+const APPLY_EVERY: Duration = Duration::from_millis(100);
+/// Pause before opening a replica again after it failed.
+const REOPEN_AFTER: Duration = Duration::from_secs(5);
+
+impl State {
+    fn run(mut self, rx: Receiver<Command>) {
+        let mut next_apply = Instant::now() + APPLY_EVERY;
+        loop {
+            let wait = if self.replicas.is_empty() {
+                Duration::from_millis(200)
+            } else {
+                Duration::ZERO
+            };
+            match rx.recv_timeout(wait) {
+                Ok(Command::Set {
+                    replicas,
+                    given,
+                    reply,
+                }) => {
+                    let handed = self.set(&replicas, given);
+                    self.publish();
+                    let _ = reply.send(handed);
+                    continue;
+                }
+                Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => {
+                    self.set(&[], MemoryStores::new());
+                    self.publish();
+                    return;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            self.retry_opens();
+            if self.replicas.is_empty() {
+                continue;
+            }
+            self.poll();
+            if Instant::now() >= next_apply {
+                self.apply_all();
+                self.publish();
+                next_apply = Instant::now() + APPLY_EVERY;
+            }
+        }
+    }
+
+    fn consumer(&mut self) -> Result<&BaseConsumer<UpdaterContext>, KafkaError> {
+        if self.consumer.is_none() {
+            let c = self
+                .cfg
+                .client_config_with(&[
+                    ("fetch.max.bytes", "52428800"),
+                    ("max.partition.fetch.bytes", "10485760"),
+                    ("queued.max.messages.kbytes", "65536"),
+                    ("fetch.queue.backoff.ms", "10"),
+                    ("statistics.interval.ms", "1000"),
+                ])
+                .set("group.id", format!("{}-standby", self.cfg.application_id))
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false")
+                .set("isolation.level", "read_committed")
+                // A position the changelog no longer has is an error here, not a silent
+                // jump: the store is checked against its changelog again (see `open`).
+                .set("auto.offset.reset", "error")
+                .create_with_context(UpdaterContext(self.ends.clone()))?;
+            self.consumer = Some(c);
+        }
+        self.consumer.as_ref().ok_or(KafkaError::NoMessageReceived)
+    }
+
+    /// Follow exactly `wanted`: close the others (handing back their in-memory stores), open
+    /// the new ones, update roles.
+    fn set(&mut self, wanted: &[(TaskId, TaskRole)], mut given: MemoryStores) -> MemoryStores {
+        let mut handed = MemoryStores::new();
+        self.reopen
+            .retain(|(id, _, _)| wanted.iter().any(|(w, _)| w == id));
+        let (keep, gone): (Vec<Replica>, Vec<Replica>) = std::mem::take(&mut self.replicas)
+            .into_iter()
+            .partition(|r| wanted.iter().any(|(w, _)| *w == r.id));
+        self.replicas = keep;
+        for r in gone {
+            let id = r.id;
+            let memory = self.close(r);
+            if !memory.is_empty() {
+                handed.insert(id, memory);
+            }
+        }
+        for (id, role) in wanted {
+            if let Some(r) = self.replicas.iter_mut().find(|r| r.id == *id) {
+                r.role = *role;
+                continue;
+            }
+            if self.reopen.iter().any(|(t, _, _)| t == id) {
+                continue;
+            }
+            let memory = given.remove(id).unwrap_or_default();
+            if let Err(e) = self.open(*id, *role, memory) {
+                tracing::warn!(error = %e, retry_in = ?REOPEN_AFTER, "could not start following a standby task");
+                self.reopen
+                    .push((*id, *role, Instant::now() + REOPEN_AFTER));
+            }
+        }
+        self.count_roles();
+        handed
+    }
+
+    fn retry_opens(&mut self) {
+        let now = Instant::now();
+        let due: Vec<(TaskId, TaskRole)> = self
+            .reopen
+            .iter()
+            .filter(|(_, _, at)| *at <= now)
+            .map(|(id, role, _)| (*id, *role))
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        self.reopen.retain(|(_, _, at)| *at > now);
+        for (id, role) in due {
+            if let Err(e) = self.open(id, role, Vec::new()) {
+                tracing::warn!(error = %e, retry_in = ?REOPEN_AFTER, "could not start following a standby task");
+                self.reopen.push((id, role, Instant::now() + REOPEN_AFTER));
+            }
+        }
+        self.count_roles();
+        self.publish();
+    }
+
+    /// Open a replica's stores at their checkpoints and start tailing their changelogs. A
+    /// checkpoint its changelog no longer covers empties that store (as restore does).
+    fn open(
+        &mut self,
+        id: TaskId,
+        role: TaskRole,
+        mut memory: Vec<(String, MemoryStore)>,
+    ) -> Result<(), ReplicaError> {
+        let store_err = |source| ReplicaError::Store { task: id, source };
+        let Some(sub) = self
+            .cfg
+            .topology
+            .subtopologies
+            .iter()
+            .find(|s| s.id == id.subtopology)
+        else {
+            return Ok(());
+        };
+        let persistent: Vec<String> = sub
+            .stores
+            .iter()
+            .filter(|s| !s.in_memory)
+            .map(|s| s.name.clone())
+            .collect();
+        let db = if persistent.is_empty() {
+            None
+        } else {
+            let (db, _) = TaskDb::open(&self.resources, &self.cfg.task_dir(id), &persistent)
+                .map_err(store_err)?;
+            Some(db)
+        };
+        let defs: Vec<(String, bool)> = sub
+            .stores
+            .iter()
+            .map(|s| (s.name.clone(), s.in_memory))
+            .collect();
+        let app = self.cfg.application_id.clone();
+        self.consumer().map_err(|source| ReplicaError::Kafka {
+            task: id,
+            topic: String::new(),
+            source,
+        })?;
+        let Some(consumer) = &self.consumer else {
+            return Ok(());
+        };
+        let mut stores = Vec::new();
+        let mut tpl = TopicPartitionList::new();
+        for (name, in_memory) in defs {
+            let changelog = eddy_crds::topics::changelog(&app, &name);
+            let kafka = |source| ReplicaError::Kafka {
+                task: id,
+                topic: changelog.clone(),
+                source,
+            };
+            let (low, high) = consumer
+                .fetch_watermarks(&changelog, id.partition, Duration::from_secs(30))
+                .map_err(kafka)?;
+            let mut mem = if in_memory {
+                Some(
+                    memory
+                        .iter()
+                        .position(|(n, _)| *n == name)
+                        .map(|i| memory.swap_remove(i).1)
+                        .unwrap_or_default(),
+                )
+            } else {
+                None
+            };
+            let mut checkpoint = match (&mem, &db) {
+                (Some(m), _) => m.checkpoint,
+                (None, Some(db)) => db.checkpoint(&name).map_err(store_err)?,
+                (None, None) => None,
+            };
+            let labels = StoreLabels {
+                task: id.to_string(),
+                store: name.clone(),
+            };
+            if let Some(c) = checkpoint
+                && (c > high || c < low)
+            {
+                tracing::warn!(task = %id, store = %name, changelog = %changelog, partition = id.partition, checkpoint = c, low, high,
+                    "changelog no longer covers the standby's checkpoint: emptying this store and rebuilding it from what the changelog has");
+                match (&mut mem, &db) {
+                    (Some(m), _) => *m = MemoryStore::default(),
+                    (None, Some(db)) => db.clear(&name).map_err(store_err)?,
+                    (None, None) => {}
+                }
+                self.metrics.stores_rebuilt.get_or_create(&labels).inc();
+                checkpoint = None;
+            }
+            let position = checkpoint.unwrap_or(low);
+            tpl.add_partition_offset(&changelog, id.partition, Offset::Offset(position))
+                .map_err(kafka)?;
+            stores.push(ReplicaStore {
+                name,
+                changelog,
+                memory: mem,
+                position,
+                end: Some(high),
+                pending: Pending::default(),
+                fresh: false,
+                labels,
+            });
+        }
+        if tpl.count() > 0 {
+            consumer
+                .incremental_assign(&tpl)
+                .map_err(|source| ReplicaError::Kafka {
+                    task: id,
+                    topic: String::new(),
+                    source,
+                })?;
+        }
+        let r = Replica {
+            id,
+            role,
+            db,
+            stores,
+            caught_up: false,
+        };
+        tracing::info!(task = %id, %role, lag = ?r.lag(), "following the task's changelogs");
+        self.replicas.push(r);
+        Ok(())
+    }
+
+    /// Stop tailing a replica: write what was read, close its database (it stays on disk),
+    /// return its in-memory stores.
+    fn close(&mut self, mut r: Replica) -> Vec<(String, MemoryStore)> {
+        if let Err(e) = apply(&mut r, &self.metrics, &HashMap::new()) {
+            tracing::warn!(error = %e, "writing a standby's last records before letting it go (they are read again later)");
+        }
+        let mut tpl = TopicPartitionList::new();
+        for s in &r.stores {
+            let _ = tpl.add_partition(&s.changelog, r.id.partition);
+            self.metrics.standby_lag.remove(&s.labels);
+        }
+        if let Some(c) = &self.consumer
+            && tpl.count() > 0
+            && let Err(e) = c.incremental_unassign(&tpl)
+        {
+            tracing::warn!(task = %r.id, "unassigning a standby's changelogs: {e}");
+        }
+        if let Some(db) = &r.db
+            && let Err(e) = db.flush()
+        {
+            tracing::warn!(task = %r.id, "flushing a standby's store: {e}");
+        }
+        tracing::info!(task = %r.id, role = %r.role, "stopped following the task");
+        r.stores
+            .into_iter()
+            .filter_map(|s| s.memory.map(|m| (s.name, m)))
+            .collect()
+    }
+
+    fn poll(&mut self) {
+        let Some(consumer) = &self.consumer else {
+            return;
+        };
+        let started = Instant::now();
+        let mut full = false;
+        while started.elapsed() < APPLY_EVERY {
+            let m = match consumer.poll(Duration::from_millis(50)) {
+                None => break,
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    self.poll_error(e);
+                    return;
+                }
+            };
+            let (topic, p) = (m.topic(), m.partition());
+            let Some(s) = self
+                .replicas
+                .iter_mut()
+                .filter(|r| r.id.partition == p)
+                .flat_map(|r| r.stores.iter_mut())
+                .find(|s| s.changelog == topic)
+            else {
+                continue;
+            };
+            s.pending
+                .add(m.key().unwrap_or_default(), m.payload(), m.offset());
+            s.end = Some(s.end.unwrap_or(0).max(m.offset() + 1));
+            s.fresh = true;
+            if s.pending.bytes >= BATCH_BYTES {
+                full = true;
+                break;
+            }
+        }
+        if full {
+            self.apply_all();
+        }
+    }
+
+    fn poll_error(&mut self, e: KafkaError) {
+        use rdkafka::types::RDKafkaErrorCode::*;
+        let code = e.rdkafka_error_code();
+        if matches!(code, Some(AutoOffsetReset | OffsetOutOfRange)) {
+            // Some changelog lost the records a standby is at: open every replica again,
+            // which checks each store against its changelog.
+            tracing::warn!(
+                "standby changelog position out of range ({e}): checking every standby store against its changelog again"
+            );
+            let all: Vec<(TaskId, TaskRole)> =
+                self.replicas.iter().map(|r| (r.id, r.role)).collect();
+            let memory = self.set(&[], MemoryStores::new());
+            self.set(&all, memory);
+            return;
+        }
+        let quiet = self
+            .last_error
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(10));
+        if !quiet {
+            tracing::warn!("following standby changelogs: {e} (librdkafka retries)");
+            self.last_error = Some(Instant::now());
+        }
+    }
+
+    /// Write every replica's pending records with their checkpoints.
+    fn apply_all(&mut self) {
+        let positions = self.positions();
+        let ends = self.ends.lock().map(|e| e.clone()).unwrap_or_default();
+        let mut failed = Vec::new();
+        for (i, r) in self.replicas.iter_mut().enumerate() {
+            for s in &mut r.stores {
+                // At most a second old; records read past it move the end too (`poll`).
+                if let Some(e) = ends.get(&(s.changelog.clone(), r.id.partition)) {
+                    s.end = Some(s.end.unwrap_or(0).max(*e));
+                }
+            }
+            if let Err(e) = apply(r, &self.metrics, &positions) {
+                tracing::warn!(error = %e, retry_in = ?REOPEN_AFTER, "writing a standby's records failed: opening it again from its checkpoint");
+                failed.push(i);
+            }
+        }
+        for i in failed.into_iter().rev() {
+            let r = self.replicas.remove(i);
+            let (id, role) = (r.id, r.role);
+            drop(self.close(r));
+            self.reopen.push((id, role, Instant::now() + REOPEN_AFTER));
+        }
+    }
+
+    /// The consumer's position per (changelog, partition): past control records, which
+    /// carry no data but do move a changelog's end.
+    fn positions(&self) -> HashMap<(String, i32), i64> {
+        let Some(c) = &self.consumer else {
+            return HashMap::new();
+        };
+        let Ok(pos) = c.position() else {
+            return HashMap::new();
+        };
+        pos.elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The replicas' entries for this worker's report, and the lag metrics.
+    fn publish(&self) {
+        let report: std::collections::BTreeMap<String, TaskStatus> = self
+            .replicas
+            .iter()
+            .map(|r| (r.id.to_string(), r.report()))
+            .collect();
+        for r in &self.replicas {
+            for s in &r.stores {
+                if let Some(l) = plan::lag(s.position, s.end) {
+                    self.metrics.standby_lag.get_or_create(&s.labels).set(l);
+                }
+            }
+        }
+        if let Ok(mut m) = self.status.replicas.lock() {
+            *m = report;
+        }
+    }
+
+    fn count_roles(&self) {
+        for role in [TaskRole::Standby, TaskRole::Warmup] {
+            let n = self.replicas.iter().filter(|r| r.role == role).count()
+                + self.reopen.iter().filter(|(_, r, _)| *r == role).count();
+            self.metrics
+                .standby_tasks
+                .get_or_create(&RoleLabels {
+                    role: role.name().to_ascii_lowercase(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// Write a replica's pending records, each store's batch with its new checkpoint in one
+/// atomic write; a store with nothing pending moves its checkpoint past control records.
+fn apply(
+    r: &mut Replica,
+    metrics: &Metrics,
+    positions: &HashMap<(String, i32), i64>,
+) -> Result<(), StoreError> {
+    let p = r.id.partition;
+    for s in &mut r.stores {
+        let batch = std::mem::take(&mut s.pending);
+        let consumed = positions
+            .get(&(s.changelog.clone(), p))
+            .copied()
+            .filter(|_| s.fresh)
+            .unwrap_or(0);
+        // Everything before the consumer's position was handed to `poll` and is in the
+        // batch, so the checkpoint may go that far.
+        let next = batch.next.max(consumed);
+        if next <= s.position && batch.read == 0 {
+            continue;
+        }
+        let changes: Changes = batch.latest.into_iter().collect();
+        match (&mut s.memory, &r.db) {
+            (Some(m), _) => {
+                for (k, v) in &changes {
+                    match v {
+                        Some(v) => m.map.insert(k.clone(), v.clone()),
+                        None => m.map.remove(k),
+                    };
+                }
+                m.checkpoint = Some(next);
+            }
+            (None, Some(db)) => db.write(
+                changes.iter().map(|(k, v)| {
+                    (
+                        s.name.as_str(),
+                        Change {
+                            key: k,
+                            value: v.as_deref(),
+                        },
+                    )
+                }),
+                [(s.name.as_str(), next)],
+            )?,
+            (None, None) => {}
+        }
+        s.position = next.max(s.position);
+        if batch.read > 0 {
+            metrics
+                .standby_updated
+                .get_or_create(&s.labels)
+                .inc_by(batch.read);
+        }
+    }
+    if !r.caught_up && r.lag() == Some(0) {
+        r.caught_up = true;
+        tracing::info!(task = %r.id, role = %r.role, "standby caught up with its changelogs");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(position: i64, end: i64) -> Replica {
+        Replica {
+            id: TaskId::new(0, 1),
+            role: TaskRole::Standby,
+            db: None,
+            stores: vec![ReplicaStore {
+                name: "counts".into(),
+                changelog: "app-counts-changelog".into(),
+                memory: Some(MemoryStore::default()),
+                position,
+                end: Some(end),
+                pending: Pending::default(),
+                fresh: false,
+                labels: StoreLabels {
+                    task: "0_1".into(),
+                    store: "counts".into(),
+                },
+            }],
+            caught_up: false,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_applied_with_its_checkpoint_and_the_lag_falls() {
+        let metrics = Metrics::new();
+        let mut r = replica(10, 14);
+        assert_eq!(r.lag(), Some(4));
+        assert_eq!(r.report().state, TaskState::Restoring);
+        let s = &mut r.stores[0];
+        s.pending.add(b"a", Some(b"1"), 10);
+        s.pending.add(b"a", Some(b"2"), 11);
+        s.pending.add(b"b", None, 12);
+        s.fresh = true;
+        // The consumer is past the control record at 13.
+        let positions = HashMap::from([(("app-counts-changelog".to_string(), 1), 14)]);
+        apply(&mut r, &metrics, &positions).expect("apply");
+        let m = r.stores[0].memory.as_ref().expect("memory");
+        assert_eq!(
+            m.map.get(b"a".as_slice()).map(Vec::as_slice),
+            Some(b"2".as_slice())
+        );
+        assert_eq!(m.checkpoint, Some(14));
+        assert_eq!(r.lag(), Some(0));
+        assert!(r.caught_up);
+        assert_eq!(r.report().state, TaskState::Running);
+        assert_eq!(r.report().role, TaskRole::Standby);
+    }
+
+    #[test]
+    fn a_position_from_before_the_assignment_does_not_move_the_checkpoint() {
+        let metrics = Metrics::new();
+        let mut r = replica(5, 20);
+        // Nothing read since the changelog was assigned: the consumer's position may be a
+        // previous assignment's, and must not skip records the store lacks.
+        let positions = HashMap::from([(("app-counts-changelog".to_string(), 1), 20)]);
+        apply(&mut r, &metrics, &positions).expect("apply");
+        assert_eq!(r.stores[0].position, 5);
+        assert_eq!(r.lag(), Some(15));
+        assert!(!r.caught_up);
+    }
+}
