@@ -73,7 +73,8 @@ pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::
 
 /// Report this worker's tasks into `status.workers.<pod>` when they change: at most every
 /// `every`, but every 250 ms while a task restores so the backlog is seen falling, and at
-/// least every minute as a heartbeat.
+/// least every `REPORT_HEARTBEAT_SECONDS` as a heartbeat (the operator fails over the tasks
+/// of a worker silent for `STALE_REPORT_SECONDS`).
 pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Duration) {
     let api: Api<StatefulStreamApp> = Api::namespaced(client, &link.namespace);
     let params = PatchParams::apply(&link.pod).force();
@@ -92,7 +93,8 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
         let due = if changed && (restoring || last_sent.elapsed() >= every) {
             true
         } else {
-            last_sent.elapsed() >= Duration::from_secs(60)
+            last_sent.elapsed()
+                >= Duration::from_secs(eddy_crds::resource::REPORT_HEARTBEAT_SECONDS)
         };
         if !due {
             continue;
