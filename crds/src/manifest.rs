@@ -189,6 +189,24 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
             format!("must be between 0 and replicas-1 ({}), got {s}", r - 1),
         ));
     }
+    if let Some(w) = &spec.warmup {
+        if let Some(m) = w.max_warmup_replicas
+            && m < 1
+        {
+            return Err(invalid(
+                f("warmup.maxWarmupReplicas".into()),
+                format!("must be at least 1, got {m}: a task that moves needs a warm-up to move"),
+            ));
+        }
+        if let Some(l) = w.acceptable_recovery_lag
+            && l < 0
+        {
+            return Err(invalid(
+                f("warmup.acceptableRecoveryLag".into()),
+                format!("must be 0 or more (changelog records), got {l}"),
+            ));
+        }
+    }
     check_transactions(spec, prefix)?;
     check_kafka(spec, prefix)?;
     if spec.topology.is_empty() {
@@ -441,6 +459,15 @@ spec:
             "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nspec:\n  replicas: 2\n  numStandbyReplicas: 2\n  topology: [{from: {topic: a}}]\n",
         );
         assert!(e.contains("spec.numStandbyReplicas"), "{e}");
+        let e = err("warmup: {maxWarmupReplicas: 0}\ntopology: [{from: {topic: a}}]\n");
+        assert!(
+            e.contains("warmup.maxWarmupReplicas") && e.contains("at least 1"),
+            "{e}"
+        );
+        let e = err("warmup: {acceptableRecoveryLag: -1}\ntopology: [{from: {topic: a}}]\n");
+        assert!(e.contains("warmup.acceptableRecoveryLag"), "{e}");
+        parse_app("warmup: {maxWarmupReplicas: 1, acceptableRecoveryLag: 0}\ntopology: [{from: {topic: a}}]\n")
+            .expect("the smallest warm-up settings are valid");
         let e = err(
             "processingGuarantee: exactly_once\ncommitIntervalMs: 30000\ntopology: [{from: {topic: a}}]\n",
         );

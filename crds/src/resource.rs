@@ -203,6 +203,9 @@ pub fn crd() -> CustomResourceDefinition {
     for f in ["replicas", "numStandbyReplicas"] {
         schema["properties"][f]["minimum"] = json!(0);
     }
+    let warmup = &mut schema["properties"]["warmup"]["properties"];
+    warmup["maxWarmupReplicas"]["minimum"] = json!(1);
+    warmup["acceptableRecoveryLag"]["minimum"] = json!(0);
     schema["properties"]["kafka"]["properties"]["properties"] = kafka_properties_schema();
     // Kubernetes knows int32/int64 only; schemars writes Rust's unsigned widths.
     fix_formats(schema);
@@ -322,7 +325,7 @@ mod tests {
             .flatten()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Ready", "Phase", "Backlog", "Age"]);
+        assert_eq!(cols, ["Ready", "Phase", "Progress", "Backlog", "Age"]);
         assert!(
             v.subresources
                 .as_ref()

@@ -31,6 +31,12 @@ use serde::{Deserialize, Serialize};
     ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
+        name = "Progress",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Progressing\")].reason",
+        description = "what the assignor is doing: ScalingOut, Draining, WarmingUp, FailingOver, Restoring, Stable, ..."
+    ),
+    printcolumn(
         name = "Backlog",
         type_ = "integer",
         json_path = ".status.backlog",
@@ -410,11 +416,11 @@ pub enum ProcessingGuarantee {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WarmupSpec {
-    /// Warm-up replicas at once across the app (default 2).
+    /// Warm-up replicas at once across the app (default 2, at least 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_warmup_replicas: Option<i32>,
     /// A task moves to its new pod once that pod's copy lacks at most this many changelog
-    /// records (default 10000).
+    /// records (default 10000, at least 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acceptable_recovery_lag: Option<i64>,
 }

@@ -250,17 +250,41 @@ impl Env {
             .sum()
     }
 
+    /// The last lines of the operators', the runner's and every worker pod's log.
     fn logs(&self) -> String {
-        ["op-a.log", "op-b.log", "runner.log"]
+        let mut files: Vec<std::path::PathBuf> = ["op-a.log", "op-b.log", "runner.log"]
             .iter()
-            .map(|f| {
-                let text = std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
+            .map(|f| self.dir.path().join(f))
+            .collect();
+        let pods = self.dir.path().join("node/pods");
+        for ns in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
+            for pod in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                files.push(pod.path().join("log"));
+            }
+        }
+        let statuses = self
+            .kubectl(
+                &[
+                    "get",
+                    "ssapp",
+                    "-A",
+                    "-o",
+                    "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}: {.status}{\"\\n\"}{end}",
+                ],
+                None,
+            )
+            .unwrap_or_default();
+        let statuses = format!("--- apps\n{statuses}");
+        std::iter::once(statuses)
+            .chain(files.iter().map(|f| {
+                let text = std::fs::read_to_string(f).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(30).collect();
                 format!(
-                    "--- {f}\n{}",
+                    "--- {}\n{}",
+                    f.strip_prefix(self.dir.path()).unwrap_or(f).display(),
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 )
-            })
+            }))
             .collect::<Vec<_>>()
             .join("\n")
     }

@@ -9,13 +9,14 @@
 use crate::app::RawApp;
 use crate::kafka;
 use crate::metrics::Metrics;
+use crate::placement::PodObserved;
 use crate::reconcile::{self, Foreign, KafkaFacts, Observed, Problem, Reason};
 use crate::resources::{self, Kind, Objects};
 use eddy_crds::spec::CleanupPolicy;
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -33,6 +34,11 @@ pub const MANAGER: &str = "eddy-operator";
 const FINALIZER: &str = "eddy.dev/cleanup";
 /// The label every object the operator creates carries (`resources::labels`).
 const MANAGED: &str = "app.kubernetes.io/managed-by=eddy-operator";
+/// The label every worker pod carries (`resources::selector_labels`, the StatefulSet's
+/// selector, so a pod template override cannot remove it).
+const WORKER_PODS: &str = "app.kubernetes.io/name=eddy-worker";
+/// The label naming a worker pod's app.
+const INSTANCE: &str = "app.kubernetes.io/instance";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -53,6 +59,9 @@ pub struct Ctx {
     /// Every app, from the controller's own watch cache: who holds which application id.
     pub apps: Store<RawApp>,
     pub owned: OwnedCache,
+    /// Every worker pod, from a watch that also triggers its app's reconcile: the assignor
+    /// sees pods go and come back (failover) without a request per reconcile.
+    pub pods: Store<Pod>,
 }
 
 /// Metadata-only watch caches of the objects the operator labelled as its own, one per kind:
@@ -143,7 +152,18 @@ fn api_resource(kind: Kind) -> ApiResource {
 /// Run the controller until the process stops.
 pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
     // Apps are watched as `RawApp`: one resource the types cannot read must not fail the
-    // watch of all of them.
+    // watch of all of them. Every change of an app triggers a reconcile, status included:
+    // workers' reports are what the assignor acts on.
+    let (pods, writer) = reflector::store();
+    let pod_events = reflector::reflector(
+        writer,
+        watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels(WORKER_PODS),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
     let controller = Controller::new(
         Api::<RawApp>::all(client.clone()),
         watcher::Config::default(),
@@ -151,7 +171,12 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
     .owns(
         Api::<StatefulSet>::all(client.clone()),
         watcher::Config::default(),
-    );
+    )
+    .watches_stream(pod_events, |pod: Pod| {
+        let ns = pod.metadata.namespace.clone()?;
+        let app = pod.labels().get(INSTANCE)?.clone();
+        Some(ObjectRef::<RawApp>::new(&app).within(&ns))
+    });
     let ctx = Arc::new(Ctx {
         recorder: Recorder::new(
             client.clone(),
@@ -162,6 +187,7 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
         ),
         apps: controller.store(),
         owned: OwnedCache::start(&client),
+        pods,
         client,
         metrics,
     });
@@ -298,6 +324,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     .await;
     let mut observed = Observed {
         claims: ctx.apps.state().iter().map(|a| a.claim()).collect(),
+        pods: observe_pods(&ctx.pods, &ns, &name),
         ..Default::default()
     };
     let own_sts = match sts? {
@@ -349,10 +376,102 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     }
     patch_status(raw, ctx, &desired.status).await?;
     publish(ctx, raw, &desired.events).await;
-    // Degraded apps are retried with back-off; healthy ones are woken by watch events.
-    Ok(Action::requeue(Duration::from_secs(
-        if desired.problems.is_empty() { 300 } else { 15 },
-    )))
+    // Moves waiting for a catch-up are looked at every second (a report usually wakes the
+    // reconcile sooner); otherwise every 10 s, since a worker that stops reporting sends
+    // no event (`STALE_REPORT_SECONDS`); a Degraded app is retried as often.
+    Ok(Action::requeue(if desired.in_flight() {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(10)
+    }))
+}
+
+/// The app's worker pods as the assignor sees them, from the watch cache; None until the
+/// cache has synced (every pod then counts as up: no failover on an empty cache).
+fn observe_pods(
+    pods: &Store<Pod>,
+    ns: &str,
+    app: &str,
+) -> Option<std::collections::BTreeMap<String, PodObserved>> {
+    use futures::FutureExt;
+    if pods.wait_until_ready().now_or_never().is_none() {
+        tracing::info!(
+            app,
+            ns,
+            "the pod cache has not synced yet: no failover this time"
+        );
+        return None;
+    }
+    let prefix = format!("{app}-");
+    Some(
+        pods.state()
+            .iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+            .filter(|p| p.labels().get(INSTANCE).map(String::as_str) == Some(app))
+            .filter_map(|p| {
+                let name = p.metadata.name.clone()?;
+                let ordinal = name.strip_prefix(&prefix)?;
+                (!ordinal.is_empty() && ordinal.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| (name, observe_pod(p)))
+            })
+            .collect(),
+    )
+}
+
+/// One worker pod: terminating, starting, failing or running, by its `worker` container.
+/// Readiness is left out on purpose: a restoring worker is not Ready and is not down.
+pub fn observe_pod(pod: &Pod) -> PodObserved {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return PodObserved::Terminating;
+    }
+    let since = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(k8s_openapi::jiff::Timestamp::now, |t| t.0);
+    let status = pod.status.as_ref();
+    if let Some(phase @ ("Failed" | "Succeeded")) = status.and_then(|s| s.phase.as_deref()) {
+        return PodObserved::Failing {
+            reason: format!("pod phase {phase}"),
+        };
+    }
+    let Some(c) = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.name == crate::resources::WORKER_CONTAINER)
+        })
+    else {
+        return PodObserved::Starting { since };
+    };
+    let Some(state) = c.state.as_ref() else {
+        return PodObserved::Starting { since };
+    };
+    if let Some(r) = &state.running {
+        return PodObserved::Running {
+            started: r.started_at.as_ref().map_or(since, |t| t.0),
+        };
+    }
+    if let Some(w) = &state.waiting {
+        let reason = w.reason.clone().unwrap_or_else(|| "Waiting".into());
+        let starting = matches!(reason.as_str(), "ContainerCreating" | "PodInitializing");
+        return if starting && c.restart_count == 0 {
+            PodObserved::Starting { since }
+        } else {
+            PodObserved::Failing { reason }
+        };
+    }
+    if let Some(t) = &state.terminated {
+        return PodObserved::Failing {
+            reason: format!(
+                "terminated ({})",
+                t.reason
+                    .clone()
+                    .unwrap_or_else(|| format!("exit code {}", t.exit_code))
+            ),
+        };
+    }
+    PodObserved::Starting { since }
 }
 
 async fn publish(ctx: &Ctx, raw: &RawApp, events: &[reconcile::Event]) {
@@ -561,8 +680,73 @@ pub async fn install_crd(client: Client) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::merge_diff;
+    use super::{merge_diff, observe_pod};
+    use crate::placement::PodObserved;
     use serde_json::json;
+
+    #[test]
+    fn a_pod_is_seen_by_its_worker_container_not_its_readiness() {
+        let pod = |status: serde_json::Value, deleting: bool| {
+            let mut meta = json!({"name": "a-0", "creationTimestamp": "2026-01-01T00:00:00Z"});
+            if deleting {
+                meta["deletionTimestamp"] = json!("2026-01-01T00:01:00Z");
+            }
+            serde_json::from_value(json!({"metadata": meta, "status": status})).expect("pod")
+        };
+        let worker = |state: serde_json::Value, restarts: i32| {
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": [{"name": "worker", "image": "i", "imageID": "", "ready": false,
+                "restartCount": restarts, "state": state}]})
+        };
+        let t = |s: &str| s.parse().expect("time");
+        assert_eq!(
+            observe_pod(&pod(
+                worker(json!({"running": {"startedAt": "2026-01-01T00:00:03Z"}}), 0),
+                false
+            )),
+            PodObserved::Running {
+                started: t("2026-01-01T00:00:03Z")
+            },
+            "running but not Ready (restoring) is running"
+        );
+        assert_eq!(
+            observe_pod(&pod(worker(json!({"running": {}}), 0), true)),
+            PodObserved::Terminating
+        );
+        assert_eq!(
+            observe_pod(&pod(
+                worker(json!({"waiting": {"reason": "CrashLoopBackOff"}}), 3),
+                false
+            )),
+            PodObserved::Failing {
+                reason: "CrashLoopBackOff".into()
+            }
+        );
+        assert_eq!(
+            observe_pod(&pod(
+                worker(json!({"waiting": {"reason": "ContainerCreating"}}), 0),
+                false
+            )),
+            PodObserved::Starting {
+                since: t("2026-01-01T00:00:00Z")
+            }
+        );
+        assert_eq!(
+            observe_pod(&pod(
+                worker(json!({"terminated": {"exitCode": 137}}), 0),
+                false
+            )),
+            PodObserved::Failing {
+                reason: "terminated (exit code 137)".into()
+            }
+        );
+        assert_eq!(
+            observe_pod(&pod(json!({"phase": "Pending"}), false)),
+            PodObserved::Starting {
+                since: t("2026-01-01T00:00:00Z")
+            }
+        );
+    }
 
     #[test]
     fn merge_diff_nulls_dropped_keys_and_omits_unchanged_ones() {

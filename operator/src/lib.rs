@@ -1,14 +1,14 @@
 //! `eddy-operator`: reconciles `StatefulStreamApp` resources into worker StatefulSets and
 //! acts as the task assignor. [`reconcile`] is a pure function from (spec, observed objects,
-//! Kafka facts) to desired objects and status, built from [`resources`] and [`assignment`];
+//! Kafka facts) to desired objects and status, built from [`resources`] and [`placement`];
 //! a thin layer ([`controller`]) applies it. Apps are read leniently ([`app`]), so one that
 //! does not parse marks only itself.
 
 pub mod app;
-pub mod assignment;
 pub mod controller;
 pub mod kafka;
 pub mod leader;
 pub mod metrics;
+pub mod placement;
 pub mod reconcile;
 pub mod resources;

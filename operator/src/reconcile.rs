@@ -6,14 +6,14 @@
 pub mod problems;
 
 use crate::app::AppClaim;
-use crate::assignment;
+use crate::placement::{self, PodObserved};
 use crate::resources::{self, Kind, Objects};
 use eddy_crds::resource::{AppStatus, Condition, Phase, StatefulStreamApp, TaskState};
 use eddy_crds::topics::{self, InternalTopic};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use problems::{Problem, Reason};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What Kafka told the operator.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,6 +34,9 @@ pub struct Observed {
     pub foreign: Vec<Foreign>,
     /// The application ids of every app (this one may be among them).
     pub claims: Vec<AppClaim>,
+    /// The app's worker pods by name (a pod without a Pod object is absent). None: not
+    /// observed, every pod counts as up.
+    pub pods: Option<BTreeMap<String, PodObserved>>,
 }
 
 /// An object that holds a name this app needs and is not controlled by it.
@@ -64,9 +67,19 @@ pub struct Desired {
     pub status: AppStatus,
     pub events: Vec<Event>,
     pub problems: Vec<Problem>,
+    /// What the assignor is doing (None when it did not run: the app cannot be placed).
+    pub progress: Option<placement::Progress>,
 }
 
 impl Desired {
+    /// Whether something is in flight that the next reconcile should look at soon: moves
+    /// waiting for a catch-up, a drain, a failed-over pod.
+    pub fn in_flight(&self) -> bool {
+        self.progress
+            .as_ref()
+            .is_some_and(|p| p.reason != placement::Reason::Stable)
+    }
+
     /// Problems found while carrying the decision out (the API server refused an object):
     /// they join the status and, when new, become events.
     pub fn add_problems(
@@ -81,7 +94,14 @@ impl Desired {
         }
         self.events.extend(warnings(&found, prev));
         self.problems.extend(found);
-        conclude(&mut self.status, prev, generation, &self.problems, now);
+        conclude(
+            &mut self.status,
+            prev,
+            generation,
+            &self.problems,
+            self.progress.as_ref(),
+            now,
+        );
     }
 }
 
@@ -187,6 +207,8 @@ pub fn reconcile(
     }
 
     let mut topics_to_create = Vec::new();
+    let mut events = Vec::new();
+    let mut progress = None;
     if problems.is_empty() {
         match kafka {
             KafkaFacts::Unreachable(e) => {
@@ -221,25 +243,43 @@ pub fn reconcile(
                                 None => topics_to_create.push(t.clone()),
                             }
                         }
-                        let pods: Vec<String> =
-                            (0..replicas).map(|i| format!("{name}-{i}")).collect();
-                        status.assignment = Some(assignment::assign(
-                            &partitions,
-                            &pods,
-                            prev.assignment.as_ref(),
+                        let placed = place(app, &name, replicas, &layout, &partitions, observed, &prev, now);
+                        if let Some(o) = objects.as_mut() {
+                            o.stateful_set.spec.replicas = Some(placed.stateful_set_replicas);
+                        }
+                        let acceptable = acceptable_lag(app);
+                        events.extend(placement::describe_moves(&placed.moves, acceptable).into_iter().map(
+                            |(reason, message)| Event {
+                                warning: false,
+                                reason,
+                                message,
+                            },
                         ));
+                        status.assignment = Some(placed.assignment);
+                        progress = Some(placed.progress);
                     }
                 }
             }
         }
     }
+    // No placement this time (Kafka unreachable, ...): a drain in progress keeps its pods.
+    if progress.is_none()
+        && let Some(o) = objects.as_mut()
+        && o.stateful_set.spec.replicas == Some(replicas)
+    {
+        o.stateful_set.spec.replicas =
+            Some(placement::hold_replicas(replicas, prev.assignment.as_ref()));
+    }
 
-    // Workers report only for pods that exist in the current placement.
+    // A worker's report goes once its pod is gone and the assignment gives it nothing (the
+    // hand-off of its tasks may still look at it until then).
     status.workers.retain(|pod, _| {
-        status
+        let assigned = status
             .assignment
             .as_ref()
-            .is_some_and(|a| a.pods.contains_key(pod))
+            .is_some_and(|a| a.pods.contains_key(pod) || a.down.contains(pod));
+        let exists = observed.pods.as_ref().is_some_and(|p| p.contains_key(pod));
+        assigned || exists
     });
     status.backlog = status
         .workers
@@ -249,15 +289,80 @@ pub fn reconcile(
         .sum();
     problems.extend(problems::from_workers(&status));
 
-    conclude(&mut status, &prev, app.metadata.generation, &problems, now);
+    conclude(
+        &mut status,
+        &prev,
+        app.metadata.generation,
+        &problems,
+        progress.as_ref(),
+        now,
+    );
+    events.extend(warnings(&problems, &prev));
     Desired {
         objects,
         hold,
         topics: topics_to_create,
         status,
-        events: warnings(&problems, &prev),
+        events,
         problems,
+        progress,
     }
+}
+
+/// `warmup.acceptableRecoveryLag`, defaulted.
+fn acceptable_lag(app: &StatefulStreamApp) -> i64 {
+    app.spec
+        .warmup
+        .as_ref()
+        .and_then(|w| w.acceptable_recovery_lag)
+        .unwrap_or(eddy_crds::spec::WarmupSpec::DEFAULT_ACCEPTABLE_RECOVERY_LAG)
+}
+
+/// Run the assignor for this app: the pods' health from what was observed and the workers'
+/// reports, and the spec's standby and warm-up settings.
+#[allow(clippy::too_many_arguments)]
+fn place(
+    app: &StatefulStreamApp,
+    name: &str,
+    replicas: i32,
+    layout: &[topics::SubLayout],
+    partitions: &[i32],
+    observed: &Observed,
+    prev: &AppStatus,
+    now: &str,
+) -> placement::Placement {
+    let health = observed.pods.as_ref().map(|pods| {
+        let names = placement::pods_to_watch(name, replicas, prev.assignment.as_ref());
+        // An unreadable clock (unit tests pass labels) judges no report stale.
+        let now = now.parse().unwrap_or(k8s_openapi::jiff::Timestamp::MIN);
+        placement::health::assess(&names, pods, &prev.workers, now)
+    });
+    let stateful: Vec<bool> = layout.iter().map(|s| !s.stores.is_empty()).collect();
+    let warmup = app.spec.warmup.clone().unwrap_or_default();
+    let previous_reason = prev
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Progressing")
+        .and_then(|c| placement::Reason::parse(&c.reason));
+    placement::place(&placement::Input {
+        app: name,
+        partitions,
+        stateful: &stateful,
+        replicas,
+        health: health.as_ref(),
+        previous: prev.assignment.as_ref(),
+        reports: &prev.workers,
+        standby_replicas: usize::try_from(app.spec.num_standby_replicas.unwrap_or(0)).unwrap_or(0),
+        max_warmups: usize::try_from(
+            warmup
+                .max_warmup_replicas
+                .unwrap_or(eddy_crds::spec::WarmupSpec::DEFAULT_MAX_WARMUP_REPLICAS),
+        )
+        .unwrap_or(1)
+        .max(1),
+        acceptable_lag: acceptable_lag(app).max(0),
+        previous_reason,
+    })
 }
 
 /// The decision for an app whose spec cannot be read: no objects (what exists keeps
@@ -271,7 +376,7 @@ pub fn unreadable(meta: &ObjectMeta, prev: &AppStatus, message: &str, now: &str)
         observed_generation: meta.generation,
         ..prev.clone()
     };
-    conclude(&mut status, prev, meta.generation, &problems, now);
+    conclude(&mut status, prev, meta.generation, &problems, None, now);
     Desired {
         objects: None,
         hold: BTreeSet::new(),
@@ -279,6 +384,7 @@ pub fn unreadable(meta: &ObjectMeta, prev: &AppStatus, message: &str, now: &str)
         events: warnings(&problems, prev),
         status,
         problems,
+        progress: None,
     }
 }
 
@@ -335,6 +441,7 @@ fn conclude(
     prev: &AppStatus,
     generation: Option<i64>,
     problems: &[Problem],
+    progress: Option<&placement::Progress>,
     now: &str,
 ) {
     let replicas = status.replicas;
@@ -387,6 +494,13 @@ fn conclude(
             ),
         ),
         _ => ("Stable", "every task runs where it is assigned".to_string()),
+    };
+    // What the assignor does (moving, draining, failing over) says more than the phase.
+    let (progressing, p_reason, p_message) = match progress {
+        Some(p) if degraded.is_none() && p.reason != placement::Reason::Stable => {
+            (true, p.reason.as_str(), p.message.clone())
+        }
+        _ => (progressing, p_reason, p_message),
     };
     let (d_reason, d_message) = degraded.unwrap_or(("Healthy", "no problem found".to_string()));
     status.conditions = vec![
@@ -735,7 +849,7 @@ mod tests {
     }
 
     #[test]
-    fn scaling_keeps_tasks_sticky_and_drops_reports_of_removed_pods() {
+    fn scaling_in_drains_the_leaving_pod_and_drops_its_report_once_it_is_gone() {
         let facts = kafka(&[("views", 6), ("out", 6)]);
         let first = reconcile(&app(PV), &Observed::default(), &facts, "t0");
         let mut scaled = app(&PV.replace("replicas: 2", "replicas: 3"));
@@ -744,10 +858,69 @@ mod tests {
         let a = d.status.assignment.expect("assignment");
         assert_eq!(a.pods.len(), 3);
         assert_eq!(a.generation, 2);
+
+        // Scale in: pv-1's tasks go to pv-0 (these workers report no lags: at once), but
+        // pv-1 still reports them, so the StatefulSet keeps it and its report stays.
         let mut smaller = app(&PV.replace("replicas: 2", "replicas: 1"));
         smaller.status = Some(report(&first, TaskState::Running, 0));
         let d = reconcile(&smaller, &Observed::default(), &facts, "t1");
+        let sts = |d: &Desired| {
+            d.objects
+                .as_ref()
+                .and_then(|o| o.stateful_set.spec.replicas)
+        };
+        assert_eq!(sts(&d), Some(2));
+        let a = d.status.assignment.clone().expect("assignment");
+        assert_eq!(a.pods["pv-0"].active.len(), 12);
+        assert!(a.pods["pv-1"].active.is_empty());
+        assert!(d.status.workers.contains_key("pv-1"));
+        let progressing = |d: &Desired| {
+            d.status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Progressing")
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        assert_eq!(progressing(&d), Some(("True".into(), "Draining".into())));
+        assert!(
+            d.events
+                .iter()
+                .any(|e| !e.warning && e.reason == "TasksMoved")
+        );
+
+        // pv-1 let go: the StatefulSet shrinks; the report goes once the pod is gone.
+        let started = "2026-01-01T00:00:05Z".parse().expect("time");
+        let now = "2026-01-01T00:00:10Z";
+        smaller.status = Some(report(&d, TaskState::Running, 0));
+        let mut pods = BTreeMap::from([
+            ("pv-0".to_string(), PodObserved::Running { started }),
+            ("pv-1".to_string(), PodObserved::Terminating),
+        ]);
+        let observed = |pods: &BTreeMap<String, PodObserved>| Observed {
+            pods: Some(pods.clone()),
+            ..Default::default()
+        };
+        let d = reconcile(&smaller, &observed(&pods), &facts, now);
+        assert_eq!(sts(&d), Some(1));
+        assert!(
+            d.status.workers.contains_key("pv-1"),
+            "its pod still exists"
+        );
+        assert!(
+            d.status
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.down.is_empty())
+        );
+        pods.remove("pv-1");
+        smaller.status = Some(d.status.clone());
+        let d = reconcile(&smaller, &observed(&pods), &facts, now);
         assert!(!d.status.workers.contains_key("pv-1"));
+        assert_eq!(
+            progressing(&d).map(|p| p.0),
+            Some("True".into()),
+            "tasks not running yet"
+        );
     }
 
     #[test]

@@ -29,6 +29,8 @@ use std::collections::BTreeMap;
 /// Default worker image when the spec names none.
 pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/eddy-dev/eddy-worker:", env!("CARGO_PKG_VERSION"));
 pub const HTTP_PORT: i32 = 9090;
+/// The worker pods' main container (the assignor reads its state).
+pub const WORKER_CONTAINER: &str = "worker";
 pub const STATE_DIR: &str = "/var/lib/eddy";
 pub const APP_FILE: &str = "/etc/eddy/app.yaml";
 /// User and group the workers run as (distroless' `nonroot`); the state volume is made
@@ -390,7 +392,7 @@ fn stateful_set(
     let (kafka_env, kafka_volumes, kafka_mounts) = kafka_credentials(&spec.kafka);
     env_vars.extend(kafka_env);
     let container = Container {
-        name: "worker".into(),
+        name: WORKER_CONTAINER.into(),
         image: Some(spec.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into())),
         args: Some(vec!["run".into()]),
         env: Some(env_vars),

@@ -1,0 +1,217 @@
+//! Is a pod up? What the operator sees of a worker pod (its Pod object and its worker's
+//! report), reduced to up, or down with the cause. Readiness is deliberately not part of it:
+//! a worker restoring its tasks is not Ready, and failing it over would restart the restore
+//! somewhere else.
+
+use eddy_crds::resource::{STALE_REPORT_SECONDS, WorkerStatus};
+use k8s_openapi::jiff::Timestamp;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A worker pod as its Pod object shows it (a pod without a Pod object is simply absent).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PodObserved {
+    /// It has a deletionTimestamp: it is stopping (deleted, evicted, rolled).
+    Terminating,
+    /// Its worker container has not started yet (unscheduled, pulling, creating) since
+    /// `since` (the pod's creation).
+    Starting { since: Timestamp },
+    /// Its worker container is not running after it ran or failed to: waiting with this
+    /// reason (e.g. `CrashLoopBackOff`), or terminated.
+    Failing { reason: String },
+    /// Its worker container runs, since `started`.
+    Running { started: Timestamp },
+}
+
+/// Why a pod counts as down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DownCause {
+    /// No Pod object.
+    Gone,
+    Terminating,
+    /// The worker container is not running (the reason Kubernetes gives).
+    NotRunning(String),
+    /// The worker container did not start within the bound (seconds since the pod was created).
+    NotStarted(u64),
+    /// The worker's last report is this many seconds old.
+    Silent(u64),
+    /// The worker has not reported since its container started, this many seconds ago.
+    NeverReported(u64),
+}
+
+impl fmt::Display for DownCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DownCause::Gone => f.write_str("its pod is gone"),
+            DownCause::Terminating => f.write_str("its pod is terminating"),
+            DownCause::NotRunning(r) => write!(f, "its worker container is not running: {r}"),
+            DownCause::NotStarted(s) => {
+                write!(f, "its worker container has not started in {s}s")
+            }
+            DownCause::Silent(s) => write!(f, "its worker has not reported for {s}s"),
+            DownCause::NeverReported(s) => {
+                write!(f, "its worker has not reported since it started {s}s ago")
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// Running, and its current container has reported.
+    Up,
+    /// Starting, or running without a report from its current container yet: it may get
+    /// tasks, but a pod failed over stays in `assignment.down` until it reports.
+    Starting,
+    Down(DownCause),
+}
+
+impl Health {
+    pub fn is_up(&self) -> bool {
+        matches!(self, Health::Up | Health::Starting)
+    }
+}
+
+/// The health of each pod named in `names`, from the observed pods (absent: no Pod object),
+/// the workers' reports and the time. A report counts only when the pod's current container
+/// made it (not older than its start: a restarted pod's previous report says nothing of it);
+/// the container and the worker share the node's clock.
+pub fn assess<'a>(
+    names: impl IntoIterator<Item = &'a String>,
+    pods: &BTreeMap<String, PodObserved>,
+    reports: &BTreeMap<String, WorkerStatus>,
+    now: Timestamp,
+) -> BTreeMap<String, Health> {
+    let secs = |since: Timestamp| {
+        u64::try_from(now.as_second().saturating_sub(since.as_second())).unwrap_or(0)
+    };
+    names
+        .into_iter()
+        .map(|name| {
+            let health = match pods.get(name) {
+                None => Health::Down(DownCause::Gone),
+                Some(PodObserved::Terminating) => Health::Down(DownCause::Terminating),
+                Some(PodObserved::Failing { reason }) => {
+                    Health::Down(DownCause::NotRunning(reason.clone()))
+                }
+                Some(PodObserved::Starting { since }) if secs(*since) > STALE_REPORT_SECONDS => {
+                    Health::Down(DownCause::NotStarted(secs(*since)))
+                }
+                Some(PodObserved::Starting { .. }) => Health::Starting,
+                Some(PodObserved::Running { started }) => {
+                    let report = reports
+                        .get(name)
+                        .and_then(|w| w.updated.as_deref())
+                        .and_then(|u| u.parse::<Timestamp>().ok())
+                        .filter(|u| u >= started);
+                    match report {
+                        Some(u) if secs(u) > STALE_REPORT_SECONDS => {
+                            Health::Down(DownCause::Silent(secs(u)))
+                        }
+                        Some(_) => Health::Up,
+                        None if secs(*started) > STALE_REPORT_SECONDS => {
+                            Health::Down(DownCause::NeverReported(secs(*started)))
+                        }
+                        None => Health::Starting,
+                    }
+                }
+            };
+            (name.clone(), health)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().expect("time")
+    }
+
+    fn report(updated: &str) -> WorkerStatus {
+        WorkerStatus {
+            updated: Some(updated.into()),
+            ..Default::default()
+        }
+    }
+
+    fn one(pod: Option<PodObserved>, report: Option<WorkerStatus>) -> Health {
+        let name = "a-0".to_string();
+        let pods = pod.into_iter().map(|p| (name.clone(), p)).collect();
+        let reports = report.into_iter().map(|r| (name.clone(), r)).collect();
+        assess([&name], &pods, &reports, at("2026-01-01T00:01:00Z"))[&name].clone()
+    }
+
+    #[test]
+    fn each_down_cause() {
+        let running = || {
+            Some(PodObserved::Running {
+                started: at("2026-01-01T00:00:00Z"),
+            })
+        };
+        assert_eq!(one(None, None), Health::Down(DownCause::Gone));
+        assert_eq!(
+            one(Some(PodObserved::Terminating), None),
+            Health::Down(DownCause::Terminating)
+        );
+        assert_eq!(
+            one(
+                Some(PodObserved::Failing {
+                    reason: "CrashLoopBackOff".into()
+                }),
+                None
+            ),
+            Health::Down(DownCause::NotRunning("CrashLoopBackOff".into()))
+        );
+        assert_eq!(
+            one(running(), Some(report("2026-01-01T00:00:20Z"))),
+            Health::Down(DownCause::Silent(40))
+        );
+        assert_eq!(
+            one(running(), None),
+            Health::Down(DownCause::NeverReported(60))
+        );
+        // A report of the previous container does not count for this one.
+        assert_eq!(
+            one(running(), Some(report("2025-12-31T23:59:59Z"))),
+            Health::Down(DownCause::NeverReported(60))
+        );
+        assert_eq!(
+            one(
+                Some(PodObserved::Starting {
+                    since: at("2026-01-01T00:00:00Z")
+                }),
+                None
+            ),
+            Health::Down(DownCause::NotStarted(60))
+        );
+    }
+
+    #[test]
+    fn up_while_starting_restoring_or_reporting() {
+        assert_eq!(
+            one(
+                Some(PodObserved::Starting {
+                    since: at("2026-01-01T00:00:45Z")
+                }),
+                None
+            ),
+            Health::Starting
+        );
+        let started = at("2026-01-01T00:00:40Z");
+        assert_eq!(
+            one(Some(PodObserved::Running { started }), None),
+            Health::Starting,
+            "a worker that just started has time to report"
+        );
+        let started = at("2026-01-01T00:00:00Z");
+        assert_eq!(
+            one(
+                Some(PodObserved::Running { started }),
+                Some(report("2026-01-01T00:00:55.5Z"))
+            ),
+            Health::Up
+        );
+    }
+}
