@@ -206,9 +206,10 @@ fn apps_on_sasl_and_tls_listeners_run_with_credentials_only_in_secrets() -> Resu
                 logs(dir.path())
             )
         })?;
-        // The operator created the internal topic through the secured listener.
+        // The operator created the internal topic through the secured listener (the default
+        // application id is `<namespace>.<name>`).
         ensure!(
-            partition_count(&format!("{app}-counts-changelog"))? == 2,
+            partition_count(&format!("{NS}.{app}-counts-changelog"))? == 2,
             "{app}: no changelog"
         );
     }
