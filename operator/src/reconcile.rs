@@ -814,22 +814,12 @@ mod tests {
         };
         let d = reconcile(&stuck, &ready, &facts, "t2");
         assert_eq!(d.status.phase, Some(Phase::Degraded));
-        let deg = d
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Degraded")
-            .expect("condition");
-        assert_eq!(
-            (deg.status.as_str(), deg.reason.as_str()),
-            ("True", "StateStoreUnavailable")
-        );
+        let (reason, message) = degraded(&d);
+        assert_eq!(reason, "StateStoreUnavailable");
         assert!(
-            deg.message
-                .contains("worker pv-1: IO error: No space left on device")
-                && deg.message.contains("since t1"),
-            "{}",
-            deg.message
+            message.contains("worker pv-1: IO error: No space left on device")
+                && message.contains("since t1"),
+            "{message}"
         );
         assert_eq!(d.events.len(), 1, "one Warning event");
         assert!(d.objects.is_some(), "the workers are left running");
@@ -1371,14 +1361,9 @@ mod tests {
             "t0",
         );
         assert_eq!(d.status.phase, Some(Phase::Degraded));
-        let deg = d
-            .status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Degraded")
-            .expect("condition");
-        assert_eq!(deg.reason, "KafkaCredentialsMissing");
-        assert!(deg.message.contains("ns/creds"), "{}", deg.message);
+        let (reason, message) = degraded(&d);
+        assert_eq!(reason, "KafkaCredentialsMissing");
+        assert!(message.contains("ns/creds"), "{message}");
         assert!(d.topics.is_empty() && d.status.assignment.is_none());
         assert_eq!(d.events.len(), 1);
     }
