@@ -196,13 +196,18 @@ impl Process {
             .spawn()?;
         Ok(Process(child))
     }
+
+    /// SIGTERM, without waiting (to stop several processes at once before dropping them).
+    pub fn term(&self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+    }
 }
 
 impl Drop for Process {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
+        self.term();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while std::time::Instant::now() < deadline {
             if let Ok(Some(_)) = self.0.try_wait() {

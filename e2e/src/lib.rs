@@ -4,6 +4,8 @@
 
 pub mod k8s;
 
+pub mod operated;
+
 pub mod compare;
 
 use anyhow::{Context as _, Result, bail};

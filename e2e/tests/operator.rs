@@ -8,54 +8,13 @@
 //! `restricted` Pod Security Standard, application ids, deletion. A malformed app exists
 //! before the operators start, so every test also shows it does not disturb other apps.
 
-use anyhow::{Context, Result, anyhow, ensure};
-use eddy_e2e::k8s::ControlPlane;
+use anyhow::{Context, Result, ensure};
+use eddy_e2e::operated::{Namespace, Operated, WAIT};
 use eddy_e2e::*;
+use std::sync::OnceLock;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock, PoisonError};
-use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(180);
-/// The operator's own namespace (its Lease and ServiceAccount).
-const NS: &str = "eddy-system";
-
-struct Process(Child);
-
-impl Process {
-    fn term(&self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.term();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// What every test shares.
-struct Env {
-    cp: ControlPlane,
-    bs: String,
-    dir: tempfile::TempDir,
-    /// HTTP ports of the two operator replicas.
-    operators: [u16; 2],
-    /// Namespace of the app `bad` that no typed client can read.
-    malformed: String,
-}
+/// Namespace of the app `bad` that no typed client can read.
+static MALFORMED: OnceLock<String> = OnceLock::new();
 
 /// An app no typed client can read: `groupBy: 42` passes the CRD's schema (a groupBy is a
 /// string or an object, which a structural schema must leave open) but is no expression,
@@ -77,289 +36,16 @@ spec:
     )
 }
 
-static ENV: OnceLock<std::result::Result<Env, String>> = OnceLock::new();
-/// The operators and the pod runner, stopped when the test binary exits.
-static PROCESSES: Mutex<Vec<Process>> = Mutex::new(Vec::new());
-
-/// The shared control plane, operators and pod runner, started by the first caller.
-fn env() -> Result<&'static Env> {
-    ENV.get_or_init(|| {
-        // SAFETY: registers a plain function without arguments, run once at exit.
-        unsafe { libc::atexit(teardown) };
-        start().map_err(|e| format!("{e:#}"))
+/// The binary's control plane with two operator replicas (one leads). The malformed app is
+/// there before the operators start: they list it with all others.
+fn env() -> Result<&'static Operated> {
+    eddy_e2e::operated::shared(2, |cp, bs| {
+        let ns = unique("malformed");
+        cp.kubectl(&["create", "namespace", &ns], None)?;
+        cp.kubectl(&["-n", &ns, "apply", "-f", "-"], Some(&malformed_app(bs)))?;
+        let _ = MALFORMED.set(ns);
+        Ok(())
     })
-    .as_ref()
-    .map_err(|e| anyhow!("the shared control plane did not start: {e}"))
-}
-
-/// At exit (statics are never dropped): stop the processes, then the control plane.
-extern "C" fn teardown() {
-    let procs = std::mem::take(&mut *PROCESSES.lock().unwrap_or_else(PoisonError::into_inner));
-    // All of them get SIGTERM at once; the runner stops its pods' processes.
-    procs.iter().for_each(Process::term);
-    drop(procs);
-    if let Some(Ok(env)) = ENV.get() {
-        env.cp.stop();
-        let _ = std::fs::remove_dir_all(env.dir.path());
-    }
-}
-
-fn spawn(bin: &str, args: &[&str], envs: &[(&str, &Path)], log: &Path) -> Result<()> {
-    let out = std::fs::File::create(log)?;
-    let child = Command::new(binary(bin)?)
-        .args(args)
-        .envs(envs.iter().map(|(k, v)| (*k, *v)))
-        .env("EDDY_LOG", "info,kube=warn")
-        .stdout(Stdio::null())
-        .stderr(out)
-        .spawn()?;
-    PROCESSES
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(Process(child));
-    Ok(())
-}
-
-fn start() -> Result<Env> {
-    let bs = bootstrap()?;
-    let cp = ControlPlane::start(&format!("op-{}", std::process::id()))?;
-    let dir = tempfile::tempdir()?;
-
-    // The chart's CRD and RBAC, as `helm install` would create them (the operator itself
-    // runs here as a local process with its ServiceAccount's token).
-    cp.kubectl(&["create", "namespace", NS], None)?;
-    cp.install_crd(&repo_root().join("charts/eddy-operator/crds"))?;
-    let rbac = cp.tool(
-        "helm",
-        &[
-            "template",
-            "t",
-            "charts/eddy-operator",
-            "--namespace",
-            NS,
-            "--show-only",
-            "templates/serviceaccount.yaml",
-            "--show-only",
-            "templates/rbac.yaml",
-        ],
-        None,
-    )?;
-    cp.kubectl(&["apply", "-f", "-"], Some(&rbac))?;
-    let op_kubeconfig = cp.kubeconfig_for(NS, "t-eddy-operator", dir.path())?;
-    // The malformed app is there before the operators start: they list it with all others.
-    let malformed = unique("malformed");
-    cp.kubectl(&["create", "namespace", &malformed], None)?;
-    cp.kubectl(
-        &["-n", &malformed, "apply", "-f", "-"],
-        Some(&malformed_app(&bs)),
-    )?;
-
-    // Two replicas: one leads, the other waits on the Lease.
-    let operators = [free_port()?, free_port()?];
-    for (port, id) in operators.iter().zip(["op-a", "op-b"]) {
-        spawn(
-            "eddy-operator",
-            &[
-                "run",
-                "--http-addr",
-                &format!("127.0.0.1:{port}"),
-                "--namespace",
-                NS,
-                "--identity",
-                id,
-            ],
-            &[("KUBECONFIG", &op_kubeconfig)],
-            &dir.path().join(format!("{id}.log")),
-        )?;
-    }
-    spawn(
-        "pod-runner",
-        &[
-            "--kubeconfig",
-            &cp.kubeconfig.to_string_lossy(),
-            "--node",
-            "e2e-node",
-            "--root",
-            &dir.path().join("node").to_string_lossy(),
-        ],
-        &[],
-        &dir.path().join("runner.log"),
-    )?;
-    let env = Env {
-        cp,
-        bs,
-        dir,
-        operators,
-        malformed,
-    };
-    wait_until(WAIT, || Ok(env.leaders() == 1.0)).with_context(|| env.logs())?;
-    Ok(env)
-}
-
-impl Env {
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        self.cp.kubectl(args, stdin)
-    }
-
-    /// `kubectl get WHAT -o jsonpath=PATH` in NS, empty if it fails (e.g. not found).
-    fn get(&self, ns: &str, what: &str, path: &str) -> String {
-        self.kubectl(
-            &["-n", ns, "get", what, "-o", &format!("jsonpath={path}")],
-            None,
-        )
-        .unwrap_or_default()
-    }
-
-    fn apply(&self, ns: &str, yaml: &str) -> Result<()> {
-        self.kubectl(&["-n", ns, "apply", "-f", "-"], Some(yaml))?;
-        Ok(())
-    }
-
-    /// An app's `Degraded` condition: (status, reason, message).
-    fn degraded(&self, ns: &str, app: &str) -> (String, String, String) {
-        let c = |field: &str| {
-            self.get(
-                ns,
-                &format!("ssapp/{app}"),
-                &format!("{{.status.conditions[?(@.type==\"Degraded\")].{field}}}"),
-            )
-        };
-        (c("status"), c("reason"), c("message"))
-    }
-
-    fn wait_degraded(&self, ns: &str, app: &str, reason: &str) -> Result<String> {
-        wait_until(WAIT, || Ok(self.degraded(ns, app).1 == reason)).with_context(|| {
-            format!(
-                "{ns}/{app} never became Degraded/{reason}: status {}\n{}",
-                self.get(ns, &format!("ssapp/{app}"), "{.status}"),
-                self.logs()
-            )
-        })?;
-        Ok(self.degraded(ns, app).2)
-    }
-
-    /// Sum of `eddy_operator_leader` over both replicas.
-    fn leaders(&self) -> f64 {
-        self.operators
-            .iter()
-            .map(|p| {
-                http_get(&format!("127.0.0.1:{p}"), "/metrics")
-                    .map(|(_, text)| sum_metric(&text, "eddy_operator_leader", &[]))
-                    .unwrap_or(0.0)
-            })
-            .sum()
-    }
-
-    /// The last lines of the operators', the runner's and every worker pod's log.
-    fn logs(&self) -> String {
-        let mut files: Vec<std::path::PathBuf> = ["op-a.log", "op-b.log", "runner.log"]
-            .iter()
-            .map(|f| self.dir.path().join(f))
-            .collect();
-        let pods = self.dir.path().join("node/pods");
-        for ns in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
-            for pod in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
-                files.push(pod.path().join("log"));
-            }
-        }
-        let statuses = self
-            .kubectl(
-                &[
-                    "get",
-                    "ssapp",
-                    "-A",
-                    "-o",
-                    "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}: {.status}{\"\\n\"}{end}",
-                ],
-                None,
-            )
-            .unwrap_or_default();
-        let statuses = format!("--- apps\n{statuses}");
-        std::iter::once(statuses)
-            .chain(files.iter().map(|f| {
-                let text = std::fs::read_to_string(f).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(30).collect();
-                format!(
-                    "--- {}\n{}",
-                    f.strip_prefix(self.dir.path()).unwrap_or(f).display(),
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
-            }))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    /// Delete every app of a namespace and wait until they are gone (the operator removes
-    /// their finalizers, and with `cleanupPolicy: Delete` their internal topics).
-    fn delete_apps(&self, ns: &str) -> Result<()> {
-        self.kubectl(
-            &[
-                "-n",
-                ns,
-                "delete",
-                "ssapp",
-                "--all",
-                "--wait=true",
-                "--timeout=120s",
-            ],
-            None,
-        )?;
-        Ok(())
-    }
-}
-
-/// A namespace of one test's own and the topics the test uses, deleted when the test ends,
-/// passed or failed.
-struct Namespace<'a> {
-    env: &'a Env,
-    name: String,
-    /// Prefixes of topics to delete: the namespace's apps' default application ids
-    /// (`<namespace>.`), explicit ones, and the topics the test created.
-    topics: std::cell::RefCell<Vec<String>>,
-}
-
-impl<'a> Namespace<'a> {
-    fn new(env: &'a Env, labels: &[&str]) -> Result<Self> {
-        let name = unique("t");
-        env.kubectl(&["create", "namespace", &name], None)?;
-        if !labels.is_empty() {
-            let mut args = vec!["label", "namespace", name.as_str()];
-            args.extend(labels);
-            env.kubectl(&args, None)?;
-        }
-        Ok(Self {
-            env,
-            topics: std::cell::RefCell::new(vec![format!("{name}.")]),
-            name,
-        })
-    }
-
-    /// A new topic of a unique name starting with `prefix`, deleted with the namespace.
-    fn topic(&self, prefix: &str, partitions: i32) -> Result<String> {
-        let name = unique(prefix);
-        self.topics.borrow_mut().push(name.clone());
-        create_topic(&name, partitions)?;
-        Ok(name)
-    }
-
-    /// Delete the topics starting with `prefix` (an explicit application id's) at the end.
-    fn owns_topics(&self, prefix: &str) {
-        self.topics.borrow_mut().push(prefix.to_string());
-    }
-}
-
-impl Drop for Namespace<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .env
-            .kubectl(&["delete", "namespace", &self.name, "--wait=false"], None);
-        for prefix in self.topics.borrow().iter() {
-            if let Ok(left) = topics_with_prefix(prefix) {
-                let left: Vec<&str> = left.iter().map(String::as_str).collect();
-                let _ = delete_topics(&left);
-            }
-        }
-    }
 }
 
 fn app_yaml(name: &str, replicas: i32, bs: &str, input: &str, output: &str, extra: &str) -> String {
@@ -602,7 +288,7 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
 #[test]
 fn a_malformed_app_marks_only_itself_and_stays_deletable() -> Result<()> {
     let env = env()?;
-    let bad_ns = env.malformed.as_str();
+    let bad_ns = MALFORMED.get().map(String::as_str).unwrap_or_default();
     let good_space = Namespace::new(env, &[])?;
     let good_ns = good_space.name.as_str();
     let (input, output) = (

@@ -9,8 +9,9 @@
 //!   `ROOT/pods/<ns>/<pod>/volumes/<volume>/`, a `persistentVolumeClaim` under
 //!   `ROOT/pvcs/<ns>/<claim>/` (kept until the PVC object is deleted), and every env var whose
 //!   value starts with a `mountPath` is rewritten to the host dir;
-//! - `EDDY_HTTP_ADDR` becomes `127.0.0.1:<free port>`; the readiness probe's `httpGet` goes
-//!   there (every second) and drives the `Ready` condition;
+//! - `EDDY_HTTP_ADDR` becomes `127.0.0.1:<free port>`, written to `ROOT/pods/<ns>/<pod>/http`
+//!   (so tests can scrape a pod's metrics); the readiness probe's `httpGet` goes there (every
+//!   second) and drives the `Ready` condition;
 //! - `KUBECONFIG` points at a kubeconfig holding a token of the pod's ServiceAccount (so the
 //!   process has exactly the pod's RBAC), and `EDDY_POD_RUNNER=1` is set;
 //! - stdout and stderr are appended to `ROOT/pods/<ns>/<pod>/log`;
@@ -623,6 +624,9 @@ impl Supervisor {
                 port,
             ));
             *addr = format!("127.0.0.1:{port}");
+            std::fs::write(self.dir.join("http"), addr.as_bytes()).map_err(|e| {
+                config_err(anyhow!("writing {}: {e}", self.dir.join("http").display()))
+            })?;
         }
         self.probe = container
             .readiness_probe

@@ -1,0 +1,308 @@
+//! Apps under a running operator, shared by a whole test binary: one control plane
+//! (`e2e/k8s/cluster.sh`), the chart's CRD and RBAC, operator replicas running as local
+//! processes with the chart's ServiceAccount, and the pod runner playing the kubelet. The
+//! first test that asks starts them; they stop when the test binary exits. Each test works in
+//! a [`Namespace`] of its own, so the tests of a binary run concurrently.
+
+use crate::k8s::{ControlPlane, Process};
+use crate::{bootstrap, delete_topics, free_port, http_get, sum_metric, topics_with_prefix};
+use crate::{create_topic, unique, wait_until};
+use anyhow::{Context as _, Result, anyhow};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+/// How long the helpers below wait for something the operator or a worker must do.
+pub const WAIT: Duration = Duration::from_secs(180);
+/// The operator's own namespace (its Lease and ServiceAccount).
+pub const OPERATOR_NS: &str = "eddy-system";
+
+/// The control plane, the operators and the pod runner of a test binary.
+pub struct Operated {
+    pub cp: ControlPlane,
+    pub bs: String,
+    pub dir: tempfile::TempDir,
+    /// HTTP ports of the operator replicas.
+    pub operators: Vec<u16>,
+}
+
+static SHARED: OnceLock<std::result::Result<Operated, String>> = OnceLock::new();
+/// The operators and the pod runner, stopped when the test binary exits.
+static PROCESSES: Mutex<Vec<Process>> = Mutex::new(Vec::new());
+
+/// The binary's shared control plane with `operators` operator replicas (one leads), started
+/// by the first caller; `before` runs once, after the CRD and RBAC are in place and before
+/// the operators start (to create objects they must find when they list).
+pub fn shared(
+    operators: usize,
+    before: impl FnOnce(&ControlPlane, &str) -> Result<()>,
+) -> Result<&'static Operated> {
+    SHARED
+        .get_or_init(|| {
+            // SAFETY: registers a plain function without arguments, run once at exit.
+            unsafe { libc::atexit(teardown) };
+            Operated::start(operators, before).map_err(|e| format!("{e:#}"))
+        })
+        .as_ref()
+        .map_err(|e| anyhow!("the shared control plane did not start: {e}"))
+}
+
+/// At exit (statics are never dropped): stop the processes, then the control plane.
+extern "C" fn teardown() {
+    let procs = std::mem::take(&mut *PROCESSES.lock().unwrap_or_else(PoisonError::into_inner));
+    // All of them get SIGTERM at once; the runner stops its pods' processes.
+    procs.iter().for_each(Process::term);
+    drop(procs);
+    if let Some(Ok(env)) = SHARED.get() {
+        env.cp.stop();
+        let _ = std::fs::remove_dir_all(env.dir.path());
+    }
+}
+
+fn spawn(bin: &str, args: &[&str], envs: &[(&str, &Path)], log: &Path) -> Result<()> {
+    let p = Process::spawn(bin, args, envs, log)?;
+    PROCESSES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(p);
+    Ok(())
+}
+
+impl Operated {
+    fn start(
+        operators: usize,
+        before: impl FnOnce(&ControlPlane, &str) -> Result<()>,
+    ) -> Result<Self> {
+        let bs = bootstrap()?;
+        let cp = ControlPlane::start(&format!("op-{}", std::process::id()))?;
+        let dir = tempfile::tempdir()?;
+        // The chart's CRD and RBAC, as `helm install` would create them (the operator itself
+        // runs here as a local process with its ServiceAccount's token).
+        let op_kubeconfig = cp.install_operator_rbac(OPERATOR_NS, dir.path())?;
+        before(&cp, &bs)?;
+        let ports = (0..operators)
+            .map(|_| free_port())
+            .collect::<Result<Vec<_>>>()?;
+        for (i, port) in ports.iter().enumerate() {
+            let id = format!("op-{i}");
+            spawn(
+                "eddy-operator",
+                &[
+                    "run",
+                    "--http-addr",
+                    &format!("127.0.0.1:{port}"),
+                    "--namespace",
+                    OPERATOR_NS,
+                    "--identity",
+                    &id,
+                ],
+                &[("KUBECONFIG", &op_kubeconfig)],
+                &dir.path().join(format!("{id}.log")),
+            )?;
+        }
+        spawn(
+            "pod-runner",
+            &[
+                "--kubeconfig",
+                &cp.kubeconfig.to_string_lossy(),
+                "--node",
+                "e2e-node",
+                "--root",
+                &dir.path().join("node").to_string_lossy(),
+            ],
+            &[],
+            &dir.path().join("runner.log"),
+        )?;
+        let env = Operated {
+            cp,
+            bs,
+            dir,
+            operators: ports,
+        };
+        wait_until(WAIT, || Ok(env.leaders() == 1.0)).with_context(|| env.logs())?;
+        Ok(env)
+    }
+
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        self.cp.kubectl(args, stdin)
+    }
+
+    /// `kubectl get WHAT -o jsonpath=PATH` in NS, empty if it fails (e.g. not found).
+    pub fn get(&self, ns: &str, what: &str, path: &str) -> String {
+        self.cp.jsonpath(ns, what, path)
+    }
+
+    /// An app as JSON (`kubectl get -o json`).
+    pub fn app_json(&self, ns: &str, app: &str) -> Result<serde_json::Value> {
+        let text = self.kubectl(&["-n", ns, "get", "ssapp", app, "-o", "json"], None)?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    pub fn apply(&self, ns: &str, yaml: &str) -> Result<()> {
+        self.kubectl(&["-n", ns, "apply", "-f", "-"], Some(yaml))?;
+        Ok(())
+    }
+
+    /// An app's `Degraded` condition: (status, reason, message).
+    pub fn degraded(&self, ns: &str, app: &str) -> (String, String, String) {
+        let c = |field: &str| {
+            self.get(
+                ns,
+                &format!("ssapp/{app}"),
+                &format!("{{.status.conditions[?(@.type==\"Degraded\")].{field}}}"),
+            )
+        };
+        (c("status"), c("reason"), c("message"))
+    }
+
+    pub fn wait_degraded(&self, ns: &str, app: &str, reason: &str) -> Result<String> {
+        wait_until(WAIT, || Ok(self.degraded(ns, app).1 == reason)).with_context(|| {
+            format!(
+                "{ns}/{app} never became Degraded/{reason}: status {}\n{}",
+                self.get(ns, &format!("ssapp/{app}"), "{.status}"),
+                self.logs()
+            )
+        })?;
+        Ok(self.degraded(ns, app).2)
+    }
+
+    /// Sum of `eddy_operator_leader` over the replicas.
+    pub fn leaders(&self) -> f64 {
+        self.operators
+            .iter()
+            .map(|p| {
+                http_get(&format!("127.0.0.1:{p}"), "/metrics")
+                    .map(|(_, text)| sum_metric(&text, "eddy_operator_leader", &[]))
+                    .unwrap_or(0.0)
+            })
+            .sum()
+    }
+
+    /// The directory the pod runner keeps a pod in (its `log`, its `http` address).
+    pub fn pod_dir(&self, ns: &str, pod: &str) -> PathBuf {
+        self.dir.path().join("node/pods").join(ns).join(pod)
+    }
+
+    /// A running worker pod's `/metrics`.
+    pub fn pod_metrics(&self, ns: &str, pod: &str) -> Result<String> {
+        let path = self.pod_dir(ns, pod).join("http");
+        let addr = std::fs::read_to_string(&path)
+            .with_context(|| format!("no HTTP address at {}", path.display()))?;
+        let (code, text) = http_get(addr.trim(), "/metrics")?;
+        anyhow::ensure!(code == 200, "{pod}/metrics answered {code}");
+        Ok(text)
+    }
+
+    /// The last lines of the operators', the runner's and every worker pod's log, and every
+    /// app's status.
+    pub fn logs(&self) -> String {
+        let mut files: Vec<PathBuf> = (0..self.operators.len())
+            .map(|i| format!("op-{i}.log"))
+            .chain(["runner.log".to_string()])
+            .map(|f| self.dir.path().join(f))
+            .collect();
+        let pods = self.dir.path().join("node/pods");
+        for ns in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
+            for pod in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                files.push(pod.path().join("log"));
+            }
+        }
+        let statuses = self
+            .kubectl(
+                &[
+                    "get",
+                    "ssapp",
+                    "-A",
+                    "-o",
+                    "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}: {.status}{\"\\n\"}{end}",
+                ],
+                None,
+            )
+            .unwrap_or_default();
+        let statuses = format!("--- apps\n{statuses}");
+        std::iter::once(statuses)
+            .chain(files.iter().map(|f| {
+                let text = std::fs::read_to_string(f).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                format!(
+                    "--- {}\n{}",
+                    f.strip_prefix(self.dir.path()).unwrap_or(f).display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            }))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Delete every app of a namespace and wait until they are gone (the operator removes
+    /// their finalizers, and with `cleanupPolicy: Delete` their internal topics).
+    pub fn delete_apps(&self, ns: &str) -> Result<()> {
+        self.kubectl(
+            &[
+                "-n",
+                ns,
+                "delete",
+                "ssapp",
+                "--all",
+                "--wait=true",
+                "--timeout=120s",
+            ],
+            None,
+        )?;
+        Ok(())
+    }
+}
+
+/// A namespace of one test's own and the topics the test uses, deleted when the test ends,
+/// passed or failed.
+pub struct Namespace<'a> {
+    env: &'a Operated,
+    pub name: String,
+    /// Prefixes of topics to delete: the namespace's apps' default application ids
+    /// (`<namespace>.`), explicit ones, and the topics the test created.
+    topics: std::cell::RefCell<Vec<String>>,
+}
+
+impl<'a> Namespace<'a> {
+    pub fn new(env: &'a Operated, labels: &[&str]) -> Result<Self> {
+        let name = unique("t");
+        env.kubectl(&["create", "namespace", &name], None)?;
+        if !labels.is_empty() {
+            let mut args = vec!["label", "namespace", name.as_str()];
+            args.extend(labels);
+            env.kubectl(&args, None)?;
+        }
+        Ok(Self {
+            env,
+            topics: std::cell::RefCell::new(vec![format!("{name}.")]),
+            name,
+        })
+    }
+
+    /// A new topic of a unique name starting with `prefix`, deleted with the namespace.
+    pub fn topic(&self, prefix: &str, partitions: i32) -> Result<String> {
+        let name = unique(prefix);
+        self.topics.borrow_mut().push(name.clone());
+        create_topic(&name, partitions)?;
+        Ok(name)
+    }
+
+    /// Delete the topics starting with `prefix` (an explicit application id's) at the end.
+    pub fn owns_topics(&self, prefix: &str) {
+        self.topics.borrow_mut().push(prefix.to_string());
+    }
+}
+
+impl Drop for Namespace<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .env
+            .kubectl(&["delete", "namespace", &self.name, "--wait=false"], None);
+        for prefix in self.topics.borrow().iter() {
+            if let Ok(left) = topics_with_prefix(prefix) {
+                let left: Vec<&str> = left.iter().map(String::as_str).collect();
+                let _ = delete_topics(&left);
+            }
+        }
+    }
+}
