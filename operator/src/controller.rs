@@ -27,7 +27,7 @@ use kube::runtime::finalizer::{Event as Finalize, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 pub const MANAGER: &str = "eddy-operator";
@@ -62,6 +62,32 @@ pub struct Ctx {
     /// Every worker pod, from a watch that also triggers its app's reconcile: the assignor
     /// sees pods go and come back (failover) without a request per reconcile.
     pub pods: Store<Pod>,
+    /// Per app uid, the assignment generation this operator last wrote. The watch cache can
+    /// lag behind our own status write; a reconcile deciding from the older status would
+    /// publish a different assignment under a generation already used (workers, which act
+    /// on a new generation only, would never see it). Trusted for a few seconds only, so a
+    /// status someone else reset does not stop the app's reconciles.
+    pub written: std::sync::Mutex<std::collections::HashMap<String, (i64, Instant)>>,
+}
+
+impl Ctx {
+    fn written_generation(&self, uid: &str) -> Option<i64> {
+        let written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        written
+            .get(uid)
+            .filter(|(_, at)| at.elapsed() < Duration::from_secs(10))
+            .map(|(generation, _)| *generation)
+    }
+
+    fn wrote_generation(&self, uid: &str, generation: i64) {
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        written.insert(uid.to_string(), (generation, Instant::now()));
+    }
+
+    fn forget(&self, uid: &str) {
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        written.remove(uid);
+    }
 }
 
 /// Metadata-only watch caches of the objects the operator labelled as its own, one per kind:
@@ -190,6 +216,7 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
         pods,
         client,
         metrics,
+        written: Default::default(),
     });
     controller
         .shutdown_on_signal()
@@ -294,6 +321,11 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         }
     };
     let uid = raw.uid().unwrap_or_default();
+    let seen = prev.assignment.as_ref().map_or(0, |a| a.generation);
+    if ctx.written_generation(&uid).is_some_and(|w| seen < w) {
+        // Our last write is on its way into the cache; its watch event reconciles again.
+        return Ok(Action::requeue(Duration::from_millis(200)));
+    }
 
     // What the cluster and Kafka say, asked at the same time: a reconcile takes as long as
     // the slowest answer, not their sum.
@@ -375,6 +407,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         desired.add_problems(&prev, app.metadata.generation, refused, &now);
     }
     patch_status(raw, ctx, &desired.status).await?;
+    if let Some(a) = &desired.status.assignment {
+        ctx.wrote_generation(&uid, a.generation);
+    }
     publish(ctx, raw, &desired.events).await;
     // Moves waiting for a catch-up are looked at every second (a report usually wakes the
     // reconcile sooner); otherwise every 10 s, since a worker that stops reporting sends
@@ -595,6 +630,7 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> Option<se
 /// collector remove the owned objects. Never blocks deletion: an unreadable spec or an
 /// unreachable Kafka is reported and the finalizer goes.
 async fn cleanup(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
+    ctx.forget(&raw.uid().unwrap_or_default());
     let warn = |reason: &'static str, note: String| async move {
         tracing::warn!(app = %raw.id(), "{note}");
         let ev = Event {
