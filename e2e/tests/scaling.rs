@@ -1,0 +1,516 @@
+//! The assignor end to end: standbys, warm-ups, drain, failover and rolling updates on a real
+//! control plane and a real broker, with a producer writing the whole time. One control plane
+//! with one operator and the pod runner serves every test of this binary
+//! ([`eddy_e2e::operated`]); each test has a namespace of its own.
+//!
+//! What a user would notice: no record lost or (under exactly-once) counted twice across
+//! scale-out, scale-in, a deleted pod and a spec change; a deleted pod's tasks run again on
+//! their standbys after restoring only a tail; a scale-out shows its warm-ups in the status
+//! and moves a task only once its new pod caught up (the new owner restores only a tail);
+//! more replicas than tasks leaves every pod Ready.
+
+use anyhow::{Context, Result, ensure};
+use eddy_crds::resource::{AppStatus, TaskRole};
+use eddy_e2e::operated::{Namespace, Operated, WAIT};
+use eddy_e2e::*;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+fn env() -> Result<&'static Operated> {
+    eddy_e2e::operated::shared(1, |_, _| Ok(()))
+}
+
+fn app_yaml(name: &str, replicas: i32, input: &str, output: &str, extra: &str) -> Result<String> {
+    let bs = &env()?.bs;
+    Ok(format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  kafka: {{bootstrapServers: "{bs}"}}
+  cleanupPolicy: Delete
+{extra}  topology:
+    - from: {{topic: {input}}}
+    - count: {{store: counts}}
+    - to: {{topic: {output}, value: i64}}
+"#
+    ))
+}
+
+/// The app's status as the operator and the workers wrote it.
+fn status(env: &Operated, ns: &str, app: &str) -> Result<(i64, AppStatus)> {
+    let v = env.app_json(ns, app)?;
+    let generation = v["metadata"]["generation"].as_i64().unwrap_or(0);
+    let status: AppStatus = serde_json::from_value(v["status"].clone()).unwrap_or_default();
+    Ok((generation, status))
+}
+
+/// Settled at `replicas`: the StatefulSet has exactly that many pods, all Ready and on the
+/// current revision; the assignment spreads every task over them and nothing moves; each
+/// worker applied it and runs its actives; the phase is Running.
+fn settled(env: &Operated, ns: &str, app: &str, replicas: usize) -> Result<bool> {
+    let (generation, s) = status(env, ns, app)?;
+    let sts = |path: &str| env.get(ns, &format!("statefulset/{app}"), path);
+    let Some(a) = &s.assignment else {
+        return Ok(false);
+    };
+    let progressing = s
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Progressing" && c.status == "True");
+    let pods_ok = a.pods.len() == replicas
+        && a.pods
+            .values()
+            .all(|p| !p.active.is_empty() && p.warmup.is_empty())
+        && a.down.is_empty();
+    let workers_ok = a.pods.iter().all(|(pod, tasks)| {
+        s.workers.get(pod).is_some_and(|w| {
+            w.applied_generation == a.generation
+                && tasks.active.iter().all(|t| {
+                    w.tasks
+                        .get(t)
+                        .is_some_and(|t| t.role == TaskRole::Active && t.state.name() == "RUNNING")
+                })
+        })
+    });
+    Ok(s.observed_generation == Some(generation)
+        && !progressing
+        && pods_ok
+        && workers_ok
+        && s.phase.map(|p| format!("{p:?}")).as_deref() == Some("Running")
+        && sts("{.spec.replicas}") == replicas.to_string()
+        && sts("{.status.readyReplicas}") == replicas.to_string()
+        && sts("{.status.replicas}") == replicas.to_string()
+        && sts("{.status.currentRevision}") == sts("{.status.updateRevision}"))
+}
+
+fn wait_settled(env: &Operated, ns: &str, app: &str, replicas: usize) -> Result<()> {
+    wait_until(WAIT, || settled(env, ns, app, replicas)).with_context(|| {
+        format!(
+            "{ns}/{app} did not settle at {replicas} replicas\n{}",
+            env.logs()
+        )
+    })
+}
+
+fn scale(env: &Operated, ns: &str, app: &str, replicas: usize) -> Result<()> {
+    env.kubectl(
+        &[
+            "-n",
+            ns,
+            "scale",
+            "ssapp",
+            app,
+            &format!("--replicas={replicas}"),
+        ],
+        None,
+    )?;
+    Ok(())
+}
+
+/// Restored records per task (`eddy_restored_records_total`) of a running worker pod.
+fn restored(env: &Operated, ns: &str, pod: &str, task: &str) -> Result<f64> {
+    let text = env.pod_metrics(ns, pod)?;
+    Ok(sum_metric(
+        &text,
+        "eddy_restored_records_total",
+        &[&format!("task=\"{task}\"")],
+    ))
+}
+
+/// Under both guarantees, with records flowing the whole time: 2 → 4 → 1 → 3 replicas, a
+/// deleted pod, a spec change that rolls every pod. Exactly-once: every key's committed count
+/// strictly increasing and exact at the end. At-least-once: nothing lost.
+#[test]
+fn apps_scale_out_and_in_fail_over_and_roll_under_load_without_losing_a_record() -> Result<()> {
+    const KEYS: usize = 300;
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let input = space.topic("scale-in", 8)?;
+    let (eos_out, alos_out) = (space.topic("eos-out", 4)?, space.topic("alos-out", 4)?);
+    let apps = [
+        ("eos", "exactly_once", &eos_out),
+        ("alos", "at_least_once", &alos_out),
+    ];
+    let spec = |replicas: i32, commit: u32| -> Result<String> {
+        let mut all = String::new();
+        for (app, guarantee, out) in apps {
+            let extra = format!(
+                "  processingGuarantee: {guarantee}\n  commitIntervalMs: {commit}\n  memory: {{recordCache: \"0\"}}\n"
+            );
+            all += &app_yaml(app, replicas, &input, out, &extra)?;
+            all += "---\n";
+        }
+        Ok(all)
+    };
+    let load = Load::start(&input, KEYS, 300)?;
+    env.apply(ns, &spec(2, 200)?)?;
+    let settle = |replicas: usize| -> Result<()> {
+        for (app, _, _) in apps {
+            wait_settled(env, ns, app, replicas)?;
+        }
+        Ok(())
+    };
+    settle(2)?;
+    for replicas in [4, 1, 3] {
+        for (app, _, _) in apps {
+            scale(env, ns, app, replicas)?;
+        }
+        settle(replicas)?;
+    }
+
+    // A pod deleted under load: its tasks go elsewhere, the StatefulSet brings it back.
+    for (app, _, _) in apps {
+        let pod = format!("{app}-1");
+        let uid = env.get(ns, &format!("pod/{pod}"), "{.metadata.uid}");
+        env.kubectl(&["-n", ns, "delete", "pod", &pod, "--wait=false"], None)?;
+        wait_until(WAIT, || {
+            let p = |path: &str| env.get(ns, &format!("pod/{pod}"), path);
+            Ok(p("{.metadata.uid}") != uid
+                && p("{.status.conditions[?(@.type==\"Ready\")].status}") == "True")
+        })
+        .with_context(|| env.logs())?;
+    }
+    settle(3)?;
+
+    // A spec change rolls the pods one at a time (the StatefulSet's update), each restart a
+    // failover of its tasks.
+    let before: Vec<String> = apps
+        .iter()
+        .map(|(app, _, _)| {
+            env.get(
+                ns,
+                &format!("statefulset/{app}"),
+                "{.status.updateRevision}",
+            )
+        })
+        .collect();
+    env.apply(ns, &spec(3, 300)?)?;
+    for ((app, _, _), old) in apps.iter().zip(&before) {
+        wait_until(WAIT, || {
+            let rev = env.get(
+                ns,
+                &format!("statefulset/{app}"),
+                "{.status.updateRevision}",
+            );
+            Ok(!rev.is_empty() && &rev != old)
+        })?;
+    }
+    settle(3)?;
+    for (app, _, _) in apps {
+        let updated = env.get(
+            ns,
+            &format!("statefulset/{app}"),
+            "{.status.updatedReplicas}",
+        );
+        ensure!(updated == "3", "{app}: {updated} pods updated of 3");
+    }
+
+    let sent = load.stop()?;
+    ensure!(sent.len() == KEYS, "the load wrote {} keys", sent.len());
+    let exact = |out: &str| -> Result<bool> {
+        let last = i64_values_by_key(out)?;
+        Ok(sent
+            .iter()
+            .all(|(k, n)| last.get(k).and_then(|v| v.last()) == Some(n)))
+    };
+    wait_until(WAIT, || exact(&eos_out))
+        .with_context(|| format!("exactly-once counts never became exact\n{}", env.logs()))?;
+    for (key, values) in i64_values_by_key(&eos_out)? {
+        ensure!(
+            values.windows(2).all(|w| w[0] < w[1]),
+            "exactly-once: {key}'s committed counts are not strictly increasing: {values:?}"
+        );
+    }
+    wait_until(WAIT, || {
+        let last = i64_values_by_key(&alos_out)?;
+        Ok(sent
+            .iter()
+            .all(|(k, n)| last.get(k).and_then(|v| v.last()).is_some_and(|v| v >= n)))
+    })
+    .with_context(|| format!("at-least-once lost records\n{}", env.logs()))?;
+    env.delete_apps(ns)?;
+    Ok(())
+}
+
+/// With one standby per task, a deleted pod's tasks run again on the pods holding their
+/// standbys, which restore only the tail they lacked, not the whole changelog.
+#[test]
+fn a_deleted_pods_tasks_resume_on_their_standbys_from_a_tail() -> Result<()> {
+    const KEYS: usize = 60_000;
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let (input, output) = (space.topic("sb-in", 6)?, space.topic("sb-out", 3)?);
+    // Every key once: each task's changelog holds ~10k records.
+    let records: Vec<Input> = (0..KEYS)
+        .map(|i| (Some(format!("k{i}").into_bytes()), Some(b"{}".to_vec())))
+        .collect();
+    produce(&input, &records)?;
+    let extra =
+        "  processingGuarantee: exactly_once\n  commitIntervalMs: 200\n  numStandbyReplicas: 1\n";
+    env.apply(ns, &app_yaml("sb", 3, &input, &output, extra)?)?;
+    wait_settled(env, ns, "sb", 3)?;
+    let load = Load::start(&input, KEYS, 200)?;
+
+    // Every standby caught up, then the assignment before the failure.
+    let caught_up = || -> Result<Option<AppStatus>> {
+        let (_, s) = status(env, ns, "sb")?;
+        let Some(a) = &s.assignment else {
+            return Ok(None);
+        };
+        let standbys: usize = a.pods.values().map(|t| t.standby.len()).sum();
+        let ok = standbys == 6
+            && a.pods.iter().all(|(pod, t)| {
+                t.standby.iter().all(|task| {
+                    s.workers
+                        .get(pod)
+                        .and_then(|w| w.tasks.get(task))
+                        .is_some_and(|r| {
+                            r.role == TaskRole::Standby && r.lag.is_some_and(|l| l < 1000)
+                        })
+                })
+            });
+        Ok(ok.then_some(s))
+    };
+    wait_until(WAIT, || Ok(caught_up()?.is_some())).with_context(|| env.logs())?;
+    let Some(before) = caught_up()? else {
+        anyhow::bail!("the standbys fell behind again");
+    };
+    let a = before.assignment.context("no assignment")?;
+    let victim = "sb-0";
+    let holder = |task: &str| -> Option<String> {
+        a.pods
+            .iter()
+            .find(|(_, t)| t.standby.iter().any(|s| s == task))
+            .map(|(p, _)| p.clone())
+    };
+    let moved: Vec<(String, String)> = a.pods[victim]
+        .active
+        .iter()
+        .map(|t| holder(t).map(|h| (t.clone(), h)))
+        .collect::<Option<_>>()
+        .context("a task of the victim has no standby")?;
+    ensure!(moved.len() == 2, "sb-0 runs {:?}", a.pods[victim].active);
+    let mut restored_before = HashMap::new();
+    for (task, pod) in &moved {
+        restored_before.insert(task.clone(), restored(env, ns, pod, task)?);
+    }
+
+    env.kubectl(&["-n", ns, "delete", "pod", victim, "--wait=false"], None)?;
+    // Each task turns up as an active of its standby's pod, and runs there.
+    let mut seen: BTreeMap<String, bool> = moved.iter().map(|(t, _)| (t.clone(), false)).collect();
+    wait_until(WAIT, || {
+        let (_, s) = status(env, ns, "sb")?;
+        for (task, pod) in &moved {
+            let running = s
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.pods.get(pod).is_some_and(|p| p.active.contains(task)))
+                && s.workers
+                    .get(pod)
+                    .and_then(|w| w.tasks.get(task))
+                    .is_some_and(|r| r.role == TaskRole::Active && r.state.name() == "RUNNING");
+            if running {
+                seen.insert(task.clone(), true);
+            }
+        }
+        Ok(seen.values().all(|v| *v))
+    })
+    .with_context(|| {
+        format!(
+            "tasks seen running on their standbys: {seen:?}\n{}",
+            env.logs()
+        )
+    })?;
+    for (task, pod) in &moved {
+        let n = restored(env, ns, pod, task)? - restored_before[task];
+        eprintln!("{pod} restored {n} records of {task} taking it over from its standby");
+        // The whole changelog of a task holds ~10k records; a tail is what the standby had
+        // not yet applied when the task moved.
+        ensure!(
+            n < 2000.0,
+            "{pod} restored {n} records of {task} when it took it over from its standby"
+        );
+    }
+
+    // The deleted pod comes back and the app settles; nothing was counted twice or lost.
+    wait_settled(env, ns, "sb", 3)?;
+    let sent = load.stop()?;
+    wait_until(WAIT, || {
+        let last = i64_values_by_key(&output)?;
+        Ok(sent
+            .iter()
+            .all(|(k, n)| last.get(k).and_then(|v| v.last()) == Some(n)))
+    })
+    .with_context(|| env.logs())?;
+    env.delete_apps(ns)?;
+    Ok(())
+}
+
+/// A scale-out with state that takes seconds to restore: the status shows the new pod's
+/// warm-ups first; a task moves only once its warm-up caught up, so its new owner restores
+/// only a tail, never the task's whole changelog.
+#[test]
+fn a_scale_out_warms_up_before_it_moves_a_task() -> Result<()> {
+    const KEYS: usize = 600_000;
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let (input, output) = (space.topic("wu-in", 4)?, space.topic("wu-out", 2)?);
+    let records: Vec<Input> = (0..KEYS)
+        .map(|i| (Some(format!("k{i}").into_bytes()), Some(b"{}".to_vec())))
+        .collect();
+    produce(&input, &records)?;
+    let extra = "  processingGuarantee: at_least_once\n  commitIntervalMs: 200\n";
+    env.apply(ns, &app_yaml("wu", 1, &input, &output, extra)?)?;
+    let changelog = format!("{ns}.wu-counts-changelog");
+    wait_until(WAIT, || {
+        let mut n = 0;
+        for p in 0..4 {
+            n += watermarks(&changelog, p).map(|(_, hi)| hi).unwrap_or(0);
+        }
+        Ok(n >= KEYS as i64)
+    })
+    .with_context(|| env.logs())?;
+    wait_settled(env, ns, "wu", 1)?;
+    let load = Load::start(&input, KEYS, 100)?;
+
+    scale(env, ns, "wu", 2)?;
+    // Watch the scale-out: warm-ups on the new pod while its future tasks stay on wu-0.
+    let mut warmups_seen = Vec::new();
+    let mut reasons = Vec::new();
+    let started = Instant::now();
+    let mut moved: Vec<String> = Vec::new();
+    while started.elapsed() < WAIT {
+        let (_, s) = status(env, ns, "wu")?;
+        if let Some(c) = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing" && c.status == "True")
+            && reasons.last() != Some(&c.reason)
+        {
+            reasons.push(c.reason.clone());
+        }
+        if let Some(p) = s.assignment.as_ref().and_then(|a| a.pods.get("wu-1")) {
+            for t in &p.warmup {
+                if !warmups_seen.contains(t) {
+                    warmups_seen.push(t.clone());
+                }
+            }
+            if p.active.len() == 2 && p.warmup.is_empty() {
+                moved = p.active.clone();
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(
+        moved.len() == 2,
+        "wu-1 never took over two tasks; warm-ups seen {warmups_seen:?}, reasons {reasons:?}\n{}",
+        env.logs()
+    );
+    ensure!(
+        moved.iter().all(|t| warmups_seen.contains(t)),
+        "the status never showed warm-ups of {moved:?} on wu-1 before the move (saw {warmups_seen:?})"
+    );
+    ensure!(
+        reasons
+            .iter()
+            .any(|r| r == "ScalingOut" || r == "WarmingUp"),
+        "Progressing said {reasons:?} during the scale-out"
+    );
+    // The operator says, in its TasksMoved events, how far behind each copy was when its task
+    // moved: never more than the default acceptableRecoveryLag.
+    let mut lags: Vec<i64> = Vec::new();
+    wait_until(WAIT, || {
+        let events = env.kubectl(&["-n", ns, "get", "events", "-o", "json"], None)?;
+        let events: serde_json::Value = serde_json::from_str(&events)?;
+        lags.clear();
+        for e in events["items"].as_array().into_iter().flatten() {
+            let message = e["message"].as_str().unwrap_or_default();
+            if e["reason"] == "TasksMoved" && message.contains("to wu-1: caught up (lag ") {
+                let list = message
+                    .split("(lag ")
+                    .nth(1)
+                    .and_then(|r| r.split(" ≤").next())
+                    .unwrap_or_default();
+                for lag in list.split(", ") {
+                    lags.push(lag.parse()?);
+                }
+            }
+        }
+        Ok(lags.len() == moved.len())
+    })
+    .with_context(|| format!("TasksMoved events to wu-1 name {} lags", lags.len()))?;
+    ensure!(
+        lags.iter().all(|l| *l <= 10_000),
+        "tasks moved to wu-1 while their copies lacked {lags:?} records"
+    );
+    eprintln!("scale-out: Progressing reasons {reasons:?}, warm-ups seen on wu-1 {warmups_seen:?}");
+    for task in &moved {
+        let n = restored(env, ns, "wu-1", task)?;
+        eprintln!("wu-1 restored {n} records of {task} when it became its active");
+        // A task's changelog holds ~150k records; the warm-up applied all but the tail.
+        ensure!(
+            n <= 20_000.0,
+            "wu-1 restored {n} records of {task} when it became its active"
+        );
+    }
+    wait_settled(env, ns, "wu", 2)?;
+    let sent = load.stop()?;
+    wait_until(WAIT, || {
+        let last = i64_values_by_key(&output)?;
+        Ok(sent
+            .iter()
+            .all(|(k, n)| last.get(k).and_then(|v| v.last()).is_some_and(|v| v >= n)))
+    })
+    .with_context(|| env.logs())?;
+    env.delete_apps(ns)?;
+    Ok(())
+}
+
+/// More replicas than tasks: the pods without a task are Ready too (a rolling update does not
+/// stall on them), the app is Running, and a spec change reaches every pod.
+#[test]
+fn replicas_beyond_the_tasks_are_ready_and_roll() -> Result<()> {
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let (input, output) = (space.topic("idle-in", 2)?, space.topic("idle-out", 1)?);
+    produce(&input, &[(Some(b"k".to_vec()), Some(b"{}".to_vec()))])?;
+    env.apply(
+        ns,
+        &app_yaml("idle", 4, &input, &output, "  commitIntervalMs: 200\n")?,
+    )?;
+    let ready = || -> Result<bool> {
+        let (_, s) = status(env, ns, "idle")?;
+        Ok(
+            s.phase.map(|p| format!("{p:?}")).as_deref() == Some("Running")
+                && env.get(ns, "statefulset/idle", "{.status.readyReplicas}") == "4"
+                && s.assignment
+                    .as_ref()
+                    .is_some_and(|a| a.pods.values().map(|p| p.active.len()).sum::<usize>() == 2),
+        )
+    };
+    wait_until(WAIT, ready).with_context(|| env.logs())?;
+    let old = env.get(ns, "statefulset/idle", "{.status.updateRevision}");
+    env.apply(
+        ns,
+        &app_yaml("idle", 4, &input, &output, "  commitIntervalMs: 300\n")?,
+    )?;
+    wait_until(WAIT, || {
+        let sts = |p: &str| env.get(ns, "statefulset/idle", p);
+        let rev = sts("{.status.updateRevision}");
+        Ok(rev != old
+            && sts("{.status.currentRevision}") == rev
+            && sts("{.status.updatedReplicas}") == "4"
+            && sts("{.status.readyReplicas}") == "4")
+    })
+    .with_context(|| env.logs())?;
+    wait_until(WAIT, ready).with_context(|| env.logs())?;
+    env.delete_apps(ns)?;
+    Ok(())
+}
