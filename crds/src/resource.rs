@@ -15,14 +15,21 @@ pub use crate::task::{TaskRole, TaskState};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AppStatus {
+    /// The `metadata.generation` of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Pending (workers not all running their tasks yet), Restoring (records left to
+    /// restore), Running, or Degraded (see the `Degraded` condition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
+    /// `Ready`, `Progressing` (what the assignor is doing) and `Degraded` (what is wrong),
+    /// each with a reason and a message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Worker pods the StatefulSet should run (`spec.replicas`, or more while draining).
     #[serde(default)]
     pub replicas: i32,
+    /// Worker pods that are Ready.
     #[serde(default)]
     pub ready_replicas: i32,
     /// `readyReplicas/replicas`, for `kubectl get`.
@@ -54,14 +61,19 @@ pub enum Phase {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
+    /// `Ready`, `Progressing` or `Degraded`.
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// One word for machines and alerts, e.g. `ScalingOut`, `SourceTopicMissing`.
     pub reason: String,
+    /// What is happening or wrong, and what to do, for people.
     pub message: String,
+    /// RFC 3339 time the status last flipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+    /// The `metadata.generation` the condition was computed for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
@@ -75,6 +87,7 @@ pub struct Assignment {
     /// Number of partitions per sub-topology, i.e. the tasks that exist.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub partitions: Vec<i32>,
+    /// Per pod name, the tasks it holds as active, standby and warm-up.
     pub pods: BTreeMap<String, PodTasks>,
     /// Pods the operator failed over (gone, terminating, not running, or silent): the new
     /// owners of their tasks do not wait for them to let go; under exactly-once they fence
@@ -113,6 +126,7 @@ pub struct WorkerStatus {
     #[serde(default)]
     pub applied_generation: i64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// Per task id (`<sub-topology>_<partition>`), what this worker holds of it.
     pub tasks: BTreeMap<String, TaskStatus>,
     /// RFC 3339 time of the report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -127,6 +141,7 @@ pub struct WorkerStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerProblem {
+    /// `KafkaUnavailable` or `StateStoreUnavailable`.
     pub reason: WorkerProblemReason,
     /// The last error, as the worker logged it.
     pub message: String,
@@ -266,26 +281,42 @@ fn kafka_properties_schema() -> Value {
 /// open (and CEL cannot see); `manifest::validate` checks its shape and name (the worker at
 /// start, the operator before it creates anything).
 fn step_schema() -> Value {
+    let d = |mut v: Value, text: &str| {
+        v["description"] = json!(text);
+        v
+    };
     let string = json!({"type": "string", "minLength": 1});
     let format = json!({"type": "string", "enum": ["string", "json", "bytes", "i64"]});
     let topic =
         json!({"type": "string", "minLength": 1, "maxLength": 249, "pattern": "^[a-zA-Z0-9._-]+$"});
     let store =
         json!({"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[a-zA-Z0-9._-]+$"});
+    let store = d(
+        store,
+        "Name of the state store: its changelog is <applicationId>-<store>-changelog.",
+    );
+    let in_memory = json!({"type": "boolean", "description": "Keep the store in memory instead of RocksDB (restored in full from its changelog at every start)."});
     json!({
         "type": "object",
         "description": format!("One step, a one-key map: {STEPS}"),
         "maxProperties": 1,
         "minProperties": 1,
         "properties": {
-            "from": {"type": "object", "required": ["topic"], "properties": {"topic": topic, "key": format, "value": format}},
-            "filter": string,
-            "map": string,
+            "from": {"type": "object", "description": "Read a topic: one task per partition.", "required": ["topic"], "properties": {
+                "topic": d(topic.clone(), "The source topic (it must exist)."),
+                "key": d(format.clone(), "Key format: string (default), json, bytes or i64."),
+                "value": d(format.clone(), "Value format: json (default), string, bytes or i64.")}},
+            "filter": d(string.clone(), "jq: keep the records for which it is true (`.` is the value, $key the key, $ts the timestamp)."),
+            "map": d(string.clone(), "jq: replace the value by each of its outputs."),
             "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "a jq expression, or {key: <jq>, format: FORMAT, name: NAME}; the name (default: the step's index) names the repartition topic <applicationId>-<name>-repartition"},
-            "count": {"type": "object", "required": ["store"], "properties": {"store": store, "inMemory": {"type": "boolean"}}},
-            "aggregate": {"type": "object", "required": ["store", "initial", "add"], "properties": {
-                "store": store, "initial": string, "add": string, "inMemory": {"type": "boolean"}}},
-            "to": {"type": "object", "required": ["topic"], "properties": {"topic": topic, "key": format, "value": format}},
+            "count": {"type": "object", "description": "Count records per key into a store; emits the updated count (i64).", "required": ["store"], "properties": {"store": store.clone(), "inMemory": in_memory.clone()}},
+            "aggregate": {"type": "object", "description": "Fold records per key into a store; emits the updated aggregate.", "required": ["store", "initial", "add"], "properties": {
+                "store": store, "initial": d(string.clone(), "jq: the first aggregate of a key (input: the record value)."),
+                "add": d(string.clone(), "jq: the new aggregate, with $agg bound to the current one."), "inMemory": in_memory}},
+            "to": {"type": "object", "description": "Write to a topic, partitioned by Kafka's murmur2 of the key bytes.", "required": ["topic"], "properties": {
+                "topic": d(topic, "The output topic (it must exist)."),
+                "key": d(format.clone(), "Key format; default: the key's current format."),
+                "value": d(format, "Value format; default: the value's current format.")}},
         },
     })
 }
@@ -293,6 +324,39 @@ fn step_schema() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kubectl explain` has something to say about every field of the CRD.
+    #[test]
+    fn every_field_has_a_description() {
+        fn walk(v: &Value, path: &str, missing: &mut Vec<String>) {
+            for (name, field) in v["properties"].as_object().into_iter().flatten() {
+                let here = format!("{path}.{name}");
+                if field.get("description").is_none() {
+                    missing.push(here.clone());
+                }
+                walk(field, &here, missing);
+            }
+            if let Some(items) = v.get("items") {
+                walk(items, &format!("{path}[]"), missing);
+            }
+            if let Some(values) = v.get("additionalProperties").filter(|a| a.is_object()) {
+                walk(values, &format!("{path}.*"), missing);
+            }
+        }
+        let crd = serde_json::to_value(crd()).expect("serializable");
+        let mut missing = Vec::new();
+        walk(
+            &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+            "",
+            &mut missing,
+        );
+        // Kubernetes' own types (`resources`) and metadata are described by Kubernetes.
+        missing.retain(|p| !p.starts_with(".spec.resources") && !p.starts_with(".metadata"));
+        assert!(
+            missing.is_empty(),
+            "fields without a description: {missing:?}"
+        );
+    }
 
     #[test]
     fn the_committed_crd_is_the_generated_one() {

@@ -61,8 +61,11 @@ pub struct AppSpec {
     /// cluster), to the name in a standalone file. An id another app already uses is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub application_id: Option<String>,
+    /// How to reach Kafka: bootstrap servers, TLS and SASL from Secrets, client properties.
     #[serde(default)]
     pub kafka: KafkaSpec,
+    /// `at_least_once` (default) or `exactly_once` (Kafka transactions, one transactional
+    /// id per task; outputs read `read_committed` see every input's effect exactly once).
     #[serde(default)]
     pub processing_guarantee: ProcessingGuarantee,
     /// Milliseconds between commits; default 30000 at-least-once, 100 exactly-once.
@@ -81,6 +84,7 @@ pub struct AppSpec {
     /// How tasks move to a pod that lacks their state (scale-out, scale-in, rebalancing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmup: Option<WarmupSpec>,
+    /// The state volume of each worker pod (a PersistentVolumeClaim per pod).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<StorageSpec>,
     /// Memory for state per process: RocksDB block cache and memtables plus the record cache.
@@ -254,7 +258,7 @@ fn secret_key_ref_schema() -> schemars::Schema {
         "properties": {
             "name": name,
             "key": key,
-            "secretKeyRef": {"type": "object", "required": ["name", "key"], "properties": {"name": name, "key": key}},
+            "secretKeyRef": {"type": "object", "description": "The Secret's name and key, written as in a Pod's env.", "required": ["name", "key"], "properties": {"name": name, "key": key}},
         },
         "x-kubernetes-validations": [{
             "rule": "has(self.secretKeyRef) ? !has(self.name) && !has(self.key) : has(self.name) && has(self.key)",
@@ -436,6 +440,7 @@ pub struct StorageSpec {
     /// Size of each pod's state volume, e.g. `10Gi`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<String>,
+    /// StorageClass of the state volumes; default: the cluster's default class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
     /// Keep or delete a pod's volume when the app scales in (default Retain: scaling back
