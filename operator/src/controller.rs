@@ -22,7 +22,6 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalize, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -55,7 +54,7 @@ pub enum Error {
 pub struct Ctx {
     pub client: Client,
     pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
+    pub events: crate::events::Events,
     /// Every app, from the controller's own watch cache: who holds which application id.
     pub apps: Store<RawApp>,
     pub owned: OwnedCache,
@@ -204,13 +203,7 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
         Some(ObjectRef::<RawApp>::new(&app).within(&ns))
     });
     let ctx = Arc::new(Ctx {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: MANAGER.into(),
-                instance: Some(identity),
-            },
-        ),
+        events: crate::events::Events::new(client.clone(), MANAGER, &identity),
         apps: controller.store(),
         owned: OwnedCache::start(&client),
         pods,
@@ -511,18 +504,12 @@ pub fn observe_pod(pod: &Pod) -> PodObserved {
 
 async fn publish(ctx: &Ctx, raw: &RawApp, events: &[reconcile::Event]) {
     for e in events {
-        let ev = Event {
-            type_: if e.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: e.reason.clone(),
-            note: Some(e.message.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(err) = ctx.recorder.publish(&ev, &raw.object_ref(&())).await {
+        let regarding = raw.object_ref(&());
+        let published = ctx
+            .events
+            .publish(&regarding, e.warning, &e.reason, "Reconcile", &e.message)
+            .await;
+        if let Err(err) = published {
             tracing::warn!(app = %raw.id(), "publishing an event: {err}");
         }
     }
@@ -633,14 +620,11 @@ async fn cleanup(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     ctx.forget(&raw.uid().unwrap_or_default());
     let warn = |reason: &'static str, note: String| async move {
         tracing::warn!(app = %raw.id(), "{note}");
-        let ev = Event {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Cleanup".into(),
-            secondary: None,
-        };
-        let _ = ctx.recorder.publish(&ev, &raw.object_ref(&())).await;
+        let regarding = raw.object_ref(&());
+        let _ = ctx
+            .events
+            .publish(&regarding, true, reason, "Cleanup", &note)
+            .await;
     };
     let claim = raw.claim();
     let app = match raw.parse() {

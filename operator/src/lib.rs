@@ -6,6 +6,7 @@
 
 pub mod app;
 pub mod controller;
+pub mod events;
 pub mod kafka;
 pub mod leader;
 pub mod metrics;
