@@ -278,9 +278,18 @@ async fn held_by_other(
     })
 }
 
-async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
-    let ns = raw.namespace().unwrap_or_default();
-    let name = raw.name_any();
+async fn apply(cached: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
+    let ns = cached.namespace().unwrap_or_default();
+    let name = cached.name_any();
+    // The watch cache can lag behind this operator's own last status write (a worker's
+    // report can trigger the next reconcile before the cache saw it). An assignment
+    // computed from it would reuse the stored generation with other contents, which the
+    // workers never apply: read the app afresh.
+    let api: Api<RawApp> = Api::namespaced(ctx.client.clone(), &ns);
+    let Some(fresh) = api.get_opt(&name).await? else {
+        return Ok(Action::await_change());
+    };
+    let raw = &fresh;
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let prev = raw.status_or_default();
     let app = match raw.parse() {
