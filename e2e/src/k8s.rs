@@ -88,15 +88,24 @@ impl ControlPlane {
             &["apply", "--server-side", "-f", &path.to_string_lossy()],
             None,
         )?;
-        self.kubectl(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "crd/statefulstreamapps.eddy.dev",
-                "--timeout=60s",
-            ],
-            None,
-        )?;
+        // `kubectl wait` fails at once ("<nil> is of the type <nil>") while a fresh CRD has no
+        // conditions yet: ask again.
+        let mut last = None;
+        crate::wait_until(Duration::from_secs(60), || {
+            let r = self.kubectl(
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "crd/statefulstreamapps.eddy.dev",
+                    "--timeout=60s",
+                ],
+                None,
+            );
+            let ok = r.is_ok();
+            last = r.err();
+            Ok(ok)
+        })
+        .map_err(|e| last.unwrap_or(e))?;
         Ok(())
     }
 

@@ -8,6 +8,8 @@ pub mod operated;
 
 pub mod compare;
 
+pub mod scaling;
+
 use anyhow::{Context as _, Result, bail};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

@@ -110,7 +110,10 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
             continue;
         };
         let changed = last.as_ref() != Some(&report);
-        let due = if changed && (urgent || catching_up(&report) || last_sent.elapsed() >= every) {
+        // The report that shows a copy caught up goes out at once too: the operator moves
+        // the task on it.
+        let hurry = catching_up(&report) || last.as_ref().is_some_and(catching_up);
+        let due = if changed && (urgent || hurry || last_sent.elapsed() >= every) {
             true
         } else {
             // Ahead of the heartbeat bound, so a slow API server does not make it stale.

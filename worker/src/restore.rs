@@ -60,6 +60,10 @@ impl ConsumerContext for RestoreContext {}
 /// dropped here is a memtable insert saved.
 pub(crate) const BATCH_BYTES: usize = 2 << 20;
 
+/// The smallest restore (records, one changelog's tasks together) that waits until a status
+/// report showed its backlog: smaller ones take milliseconds.
+const SHOWN_BACKLOG: i64 = 10_000;
+
 /// One partition's records read but not yet written: last value per key.
 #[derive(Default)]
 pub(crate) struct Pending {
@@ -157,6 +161,7 @@ pub fn restore(
             .map_err(kafka)?;
         // partition → (task index, store index, high watermark)
         let mut targets: HashMap<i32, (usize, usize, i64)> = HashMap::new();
+        let mut backlog = 0;
         let mut tpl = TopicPartitionList::new();
         for (ti, t) in tasks.iter_mut().enumerate() {
             let Some(si) = t.stores.iter().position(|s| s.changelog == changelog) else {
@@ -196,6 +201,7 @@ pub fn restore(
             if start >= high {
                 continue;
             }
+            backlog += high - start;
             tpl.add_partition_offset(&changelog, p, Offset::Offset(start))
                 .map_err(kafka)?;
             targets.insert(p, (ti, si, high));
@@ -205,8 +211,10 @@ pub fn restore(
         }
         // Under the operator, let the app's status show a backlog before restoring: a
         // restore can be over before the next periodic report. Once: later changelogs'
-        // backlogs go out with the reports sent while restoring.
-        if !shown {
+        // backlogs go out with the reports sent while restoring. Not for a tail as short
+        // as a caught-up warm-up's or standby's, restored in a few milliseconds: there the
+        // wait would be most of the task's pause.
+        if !shown && backlog >= SHOWN_BACKLOG {
             status.await_report(Duration::from_secs(2));
             shown = true;
         }

@@ -99,7 +99,8 @@ impl Updater {
 
     /// Follow exactly `replicas` (with `given`: in-memory stores of tasks demoted here). On
     /// return every other task's database is closed; the in-memory stores of the tasks let
-    /// go are returned. `beat` is called while waiting.
+    /// go are returned. New replicas are opened after the return, so a promotion does not
+    /// wait for them. `beat` is called while waiting.
     pub fn set(
         &mut self,
         replicas: &[(TaskId, TaskRole)],
@@ -261,9 +262,14 @@ impl State {
                     given,
                     reply,
                 }) => {
-                    let handed = self.set(&replicas, given);
+                    let handed = self.release(&replicas);
                     self.publish();
+                    // The processing thread takes promoted tasks only after this answer:
+                    // answer before opening new replicas, each of which asks the brokers
+                    // for its changelogs' ends (up to a fetch wait each).
                     let _ = reply.send(handed);
+                    self.open_missing(&replicas, given);
+                    self.publish();
                     continue;
                 }
                 Ok(Command::Stop) | Err(RecvTimeoutError::Disconnected) => {
@@ -312,7 +318,15 @@ impl State {
 
     /// Follow exactly `wanted`: close the others (handing back their in-memory stores), open
     /// the new ones, update roles.
-    fn set(&mut self, wanted: &[(TaskId, TaskRole)], mut given: MemoryStores) -> MemoryStores {
+    fn set(&mut self, wanted: &[(TaskId, TaskRole)], given: MemoryStores) -> MemoryStores {
+        let handed = self.release(wanted);
+        self.open_missing(wanted, given);
+        handed
+    }
+
+    /// Close the replicas not in `wanted` (handing back their in-memory stores) and update
+    /// the roles of those that stay.
+    fn release(&mut self, wanted: &[(TaskId, TaskRole)]) -> MemoryStores {
         let mut handed = MemoryStores::new();
         self.reopen
             .retain(|(id, _, _)| wanted.iter().any(|(w, _)| w == id));
@@ -330,9 +344,19 @@ impl State {
         for (id, role) in wanted {
             if let Some(r) = self.replicas.iter_mut().find(|r| r.id == *id) {
                 r.role = *role;
-                continue;
             }
-            if self.reopen.iter().any(|(t, _, _)| t == id) {
+        }
+        self.count_roles();
+        handed
+    }
+
+    /// Open the replicas of `wanted` not followed yet (with `given`: in-memory stores of
+    /// tasks demoted here).
+    fn open_missing(&mut self, wanted: &[(TaskId, TaskRole)], mut given: MemoryStores) {
+        for (id, role) in wanted {
+            if self.replicas.iter().any(|r| r.id == *id)
+                || self.reopen.iter().any(|(t, _, _)| t == id)
+            {
                 continue;
             }
             let memory = given.remove(id).unwrap_or_default();
@@ -343,7 +367,6 @@ impl State {
             }
         }
         self.count_roles();
-        handed
     }
 
     fn retry_opens(&mut self) {

@@ -57,7 +57,7 @@ public final class RefApp {
         "usage: java -jar refapp.jar --bootstrap HOST:PORT --app-id ID --case count|sum",
         "         --guarantee at_least_once|exactly_once_v2 --input TOPIC --output TOPIC --state-dir DIR",
         "         [--expect N | --restore-only] [--timeout-s S (1800)] [--poll-ms MS (100)]",
-        "         [--config KEY=VALUE]... [--dump-metrics] [--close-when-processed]",
+        "         [--config KEY=VALUE]... [--dump-metrics] [--close-when-processed] [--print-tasks]",
         "  --expect N       exit 0 once all N input records are consumed, processed AND committed",
         "                   (and, for sum, the repartition topic too); print one JSON line",
         "  --close-when-processed  with --expect: close (a clean close commits) as soon as all N records",
@@ -66,11 +66,14 @@ public final class RefApp {
         "  --restore-only   wipe this app id's local state (KafkaStreams#cleanUp), restore it from",
         "                   the changelogs, print one JSON line once RUNNING, close",
         "  --config K=V     extra/overriding StreamsConfig entry (e.g. commit.interval.ms=1000)",
+        "  --print-tasks    without --expect/--restore-only: print a JSON line on stdout whenever this",
+        "                   instance's active or standby tasks change (polled every 50 ms)",
         "other mains: java -cp refapp.jar dev.eddy.bench.Generate --help | dev.eddy.bench.Verify --help");
 
     private static final Set<String> VALUED = Set.of("--bootstrap", "--app-id", "--case", "--guarantee",
         "--input", "--output", "--state-dir", "--expect", "--timeout-s", "--poll-ms", "--config");
-    private static final Set<String> SWITCHES = Set.of("--restore-only", "--dump-metrics", "--help", "--close-when-processed");
+    private static final Set<String> SWITCHES = Set.of("--restore-only", "--dump-metrics", "--help", "--close-when-processed",
+        "--print-tasks");
 
     public static void main(final String[] args) {
         Cli.main(PROG, USAGE, () -> new RefApp(new Cli(PROG, args, VALUED, SWITCHES)).run());
@@ -185,9 +188,23 @@ public final class RefApp {
             }
             if (expect < 0) {
                 log("RUNNING after " + Cli.secs(tRunning - t0) + " s; no --expect: running until killed");
+                final boolean printTasks = cli.has("--print-tasks");
+                String last = "";
+                long nextCheck = 0;
                 while (true) {
-                    checkHealthy();
-                    Thread.sleep(500);
+                    if (System.nanoTime() >= nextCheck) {
+                        checkHealthy();
+                        nextCheck = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(500);
+                    }
+                    if (printTasks) {
+                        final String tasks = tasksJson();
+                        if (tasks != null && !tasks.equals(last)) {
+                            last = tasks;
+                            System.out.println("{\"epoch_ms\":" + System.currentTimeMillis() + "," + tasks + "}");
+                            System.out.flush();
+                        }
+                    }
+                    Thread.sleep(printTasks ? 50 : 500);
                 }
             }
             return benchmark(admin, appId, input, sources, expect, streamsProtocol, t0, tRunning, deadline, pollMs);
@@ -296,6 +313,37 @@ public final class RefApp {
             || s == KafkaStreams.State.NOT_RUNNING || s == KafkaStreams.State.PENDING_SHUTDOWN) {
             throw new IllegalStateException("Kafka Streams stopped unexpectedly (state " + s + ")");
         }
+    }
+
+    /**
+     * This instance's tasks as `"state":"RUNNING","active":["0_1",...],"standby":[...]` (sorted;
+     * Kafka Streams lists warm-up replicas among the standbys), or null while Kafka Streams cannot
+     * tell (e.g. between states).
+     */
+    private String tasksJson() {
+        final TreeSet<String> active = new TreeSet<>();
+        final TreeSet<String> standby = new TreeSet<>();
+        try {
+            for (final org.apache.kafka.streams.ThreadMetadata t : streams.metadataForLocalThreads()) {
+                t.activeTasks().forEach(m -> active.add(m.taskId().toString()));
+                t.standbyTasks().forEach(m -> standby.add(m.taskId().toString()));
+            }
+        } catch (final RuntimeException e) {
+            return null;
+        }
+        return "\"state\":" + Cli.jsonString(streams.state().toString()) + ",\"active\":" + jsonList(active)
+            + ",\"standby\":" + jsonList(standby);
+    }
+
+    private static String jsonList(final Set<String> items) {
+        final StringBuilder b = new StringBuilder("[");
+        for (final String i : items) {
+            if (b.length() > 1) {
+                b.append(',');
+            }
+            b.append(Cli.jsonString(i));
+        }
+        return b.append(']').toString();
     }
 
     private long waitRunning(final long deadline) throws InterruptedException {
