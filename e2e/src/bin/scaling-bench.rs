@@ -936,8 +936,9 @@ fn eddy_failover(env: &EddyEnv, args: &Args) -> Result<Vec<Value>> {
             }
             let arrivals = stage.watch()?.arrivals(partition_of(task));
             let gap = longest_gap(&arrivals, t0, t_end);
-            // Processing again: where it failed over to, or, if it moved on (back to the
-            // returning pod) before it processed there, where it went next.
+            // Processing again: the end of the longest pause that began before the task
+            // moved a second time (back to the returning pod), i.e. where it failed over to,
+            // or, if it did not process there, where it went next.
             let second_move = w
                 .all()
                 .into_iter()
@@ -951,8 +952,12 @@ fn eddy_failover(env: &EddyEnv, args: &Args) -> Result<Vec<Value>> {
                 .filter(|(_, changed)| *changed)
                 .nth(1)
                 .map(|(t, _)| t);
-            let first = longest_gap(&arrivals, t0, second_move.unwrap_or(t_end).min(t_end));
-            let resumed = if first.resumed { first } else { gap };
+            let resumed = longest(
+                gaps(&arrivals, t0, t_end)
+                    .into_iter()
+                    .filter(|g| second_move.is_none_or(|m| g.start < m)),
+            )
+            .unwrap_or(gap);
             if resumed.resumed {
                 resumes.push(resumed.end - t0);
             }
