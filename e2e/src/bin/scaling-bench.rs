@@ -368,12 +368,17 @@ fn opt3(v: Option<f64>) -> Value {
     v.map_or(Value::Null, |v| json!(round3(v)))
 }
 
-/// The pause at a move: the longest gap within 5 s of the moment `m` the task changed hands
-/// (eddy: the assignment moved it; Kafka Streams: its new owner reported it active), inside
-/// the measured window. Apart from the move's own pause it sees only the machine's noise
-/// nearby, not all of it since the event.
+/// The pause at a move: the longest gap that began within 5 s of the moment `m` the task
+/// changed hands (eddy: the assignment moved it; Kafka Streams: its new owner reported it
+/// active), however long it lasted. Apart from the move's own pause it sees only the
+/// machine's noise nearby, not all of it since the event.
 fn near(arrivals: &[f64], m: f64, t0: f64, t_end: f64) -> Gap {
-    longest_gap(arrivals, (m - 5.0).max(t0), (m + 5.0).min(t_end))
+    longest(
+        gaps(arrivals, t0, t_end)
+            .into_iter()
+            .filter(|g| (g.start - m).abs() <= 5.0),
+    )
+    .unwrap_or_else(|| longest_gap(arrivals, t0, t_end))
 }
 
 /// Baseline of a stage: p99 and max over partitions of the longest gap in the `secs` before
