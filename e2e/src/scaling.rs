@@ -277,41 +277,50 @@ impl Gap {
     }
 }
 
-/// The longest interval between consecutive arrivals (sorted) that overlaps `[from, to]`. An
-/// interval that began before `from` counts from its real start (the arrival before `from`);
-/// if nothing arrives after the last arrival up to `to`, the open interval ends at `to`, not
-/// resumed. With no arrival at all the whole window is the gap.
-pub fn longest_gap(arrivals: &[f64], from: f64, to: f64) -> Gap {
+/// Every interval between consecutive arrivals (sorted) that overlaps `[from, to]`, in time
+/// order. An interval that began before `from` counts from its real start (the arrival before
+/// `from`); the last one ends at `to`, not resumed (with no arrival at all it is the whole
+/// window).
+pub fn gaps(arrivals: &[f64], from: f64, to: f64) -> Vec<Gap> {
     let mut prev = arrivals
         .iter()
         .copied()
         .take_while(|a| *a <= from)
         .last()
         .unwrap_or(from);
-    let mut best: Option<Gap> = None;
-    let mut consider = |g: Gap| {
-        if best.is_none_or(|b| g.seconds() > b.seconds()) {
-            best = Some(g);
-        }
-    };
+    let mut out = Vec::new();
     for &a in arrivals.iter().filter(|a| **a > from && **a <= to) {
-        consider(Gap {
+        out.push(Gap {
             start: prev,
             end: a,
             resumed: true,
         });
         prev = a;
     }
-    consider(Gap {
+    out.push(Gap {
         start: prev,
         end: to,
         resumed: false,
     });
-    best.unwrap_or(Gap {
+    out
+}
+
+/// The longest of [`gaps`]: a task's pause within `[from, to]`.
+pub fn longest_gap(arrivals: &[f64], from: f64, to: f64) -> Gap {
+    longest(gaps(arrivals, from, to)).unwrap_or(Gap {
         start: from,
         end: to,
         resumed: false,
     })
+}
+
+/// The longest gap of `gaps` (the first of equals).
+pub fn longest(gaps: impl IntoIterator<Item = Gap>) -> Option<Gap> {
+    gaps.into_iter()
+        .fold(None, |best: Option<Gap>, g| match best {
+            Some(b) if b.seconds() >= g.seconds() => Some(b),
+            _ => Some(g),
+        })
 }
 
 /// Nearest-rank percentile (`q` in 0..=1) of `values`; None when empty.
@@ -348,6 +357,9 @@ mod tests {
         assert_eq!((open.start, open.end, open.resumed), (5.1, 9.0, false));
         // No arrival at all.
         assert_eq!(longest_gap(&[], 1.0, 2.0).seconds(), 1.0);
+        // The pauses that began before 4.0: the longest is 2.1 to 5.0.
+        let before = gaps(&a, 1.5, 9.0).into_iter().filter(|g| g.start < 4.0);
+        assert_eq!(longest(before).map(|g| g.end), Some(5.0));
     }
 
     #[test]

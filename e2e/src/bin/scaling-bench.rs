@@ -368,6 +368,19 @@ fn opt3(v: Option<f64>) -> Value {
     v.map_or(Value::Null, |v| json!(round3(v)))
 }
 
+/// The pause at a move: the longest gap that began within 5 s of the moment `m` the task
+/// changed hands (eddy: the assignment moved it; Kafka Streams: its new owner reported it
+/// active), however long it lasted. Apart from the move's own pause it sees only the
+/// machine's noise nearby, not all of it since the event.
+fn near(arrivals: &[f64], m: f64, t0: f64, t_end: f64) -> Gap {
+    longest(
+        gaps(arrivals, t0, t_end)
+            .into_iter()
+            .filter(|g| (g.start - m).abs() <= 5.0),
+    )
+    .unwrap_or_else(|| longest_gap(arrivals, t0, t_end))
+}
+
 /// Baseline of a stage: p99 and max over partitions of the longest gap in the `secs` before
 /// `t0`.
 fn baseline(stage: &Stage, t0: f64, secs: f64, partitions: i32) -> Result<Value> {
@@ -771,19 +784,26 @@ fn eddy_scale_out(env: &EddyEnv, args: &Args, warmups: bool) -> Result<Value> {
     let after = w.latest().context("no status")?.actives();
     let mut moved = Vec::new();
     let mut pauses = Vec::new();
+    let mut handoffs = Vec::new();
     let mut unmoved = Vec::new();
     for task in all_tasks(args.partitions) {
-        let p = partition_of(&task);
-        let gap = longest_gap(&stage.watch()?.arrivals(p), t0, t_end);
+        let arrivals = stage.watch()?.arrivals(partition_of(&task));
+        let gap = longest_gap(&arrivals, t0, t_end);
         match (before.get(&task), after.get(&task)) {
             (Some(from), Some(to)) if from != to => {
                 pauses.push(gap.seconds());
+                let m = w.first(t0, |s| s.actives().get(&task) == Some(to));
+                let at_move = m.map(|m| near(&arrivals, m, t0, t_end));
+                if let Some(g) = at_move {
+                    handoffs.push(g.seconds());
+                }
                 moved.push(json!({
                     "task": task, "from": from, "to": to,
                     "pause_s": round3(gap.seconds()),
                     "pause_from_s": round3(gap.start - t0),
                     "pause_to_s": round3(gap.end - t0),
                     "resumed": gap.resumed,
+                    "pause_at_move_s": opt3(at_move.map(|g| g.seconds())),
                     "timeline": timeline(&w, t0, &task, to),
                 }));
             }
@@ -799,6 +819,7 @@ fn eddy_scale_out(env: &EddyEnv, args: &Args, warmups: bool) -> Result<Value> {
         "tasks": moved.len(),
         "pause_p99_s": opt3(percentile(&pauses, 0.99)),
         "pause_max_s": opt3(pauses.iter().copied().reduce(f64::max)),
+        "pause_at_move_p99_s": opt3(percentile(&handoffs, 0.99)),
         "balanced_after_s": opt3(balanced.map(|t| t - t0)),
         "balance_wait_s": args.balance_wait_s,
         "unmoved_gap_max_s": opt3(unmoved.iter().copied().reduce(f64::max)),
@@ -920,8 +941,9 @@ fn eddy_failover(env: &EddyEnv, args: &Args) -> Result<Vec<Value>> {
             }
             let arrivals = stage.watch()?.arrivals(partition_of(task));
             let gap = longest_gap(&arrivals, t0, t_end);
-            // Processing again: where it failed over to, or, if it moved on (back to the
-            // returning pod) before it processed there, where it went next.
+            // Processing again: the end of the longest pause that began before the task
+            // moved a second time (back to the returning pod), i.e. where it failed over to,
+            // or, if it did not process there, where it went next.
             let second_move = w
                 .all()
                 .into_iter()
@@ -935,8 +957,12 @@ fn eddy_failover(env: &EddyEnv, args: &Args) -> Result<Vec<Value>> {
                 .filter(|(_, changed)| *changed)
                 .nth(1)
                 .map(|(t, _)| t);
-            let first = longest_gap(&arrivals, t0, second_move.unwrap_or(t_end).min(t_end));
-            let resumed = if first.resumed { first } else { gap };
+            let resumed = longest(
+                gaps(&arrivals, t0, t_end)
+                    .into_iter()
+                    .filter(|g| second_move.is_none_or(|m| g.start < m)),
+            )
+            .unwrap_or(gap);
             if resumed.resumed {
                 resumes.push(resumed.end - t0);
             }
@@ -1227,19 +1253,27 @@ fn ks_scale_out(jar: &Path, args: &Args, logs: &Path) -> Result<Value> {
     let after = ks_actives(&mut inst);
     let mut moved = Vec::new();
     let mut pauses = Vec::new();
+    let mut handoffs = Vec::new();
     let mut unmoved = Vec::new();
     for task in all_tasks(args.partitions) {
         let gap = longest_gap(&stage.watch()?.arrivals(partition_of(&task)), t0, t_end);
         match (before.get(&task), after.get(&task)) {
             (Some(from), Some(to)) if from != to => {
                 pauses.push(gap.seconds());
+                let m = ks_first_active(&inst[*to], &task, t0);
+                let arrivals = stage.watch()?.arrivals(partition_of(&task));
+                let at_move = m.map(|m| near(&arrivals, m, t0, t_end));
+                if let Some(g) = at_move {
+                    handoffs.push(g.seconds());
+                }
                 moved.push(json!({
                     "task": task, "from": inst[*from].name, "to": inst[*to].name,
                     "pause_s": round3(gap.seconds()),
                     "pause_from_s": round3(gap.start - t0),
                     "pause_to_s": round3(gap.end - t0),
                     "resumed": gap.resumed,
-                    "moved_s": opt3(ks_first_active(&inst[*to], &task, t0).map(|t| t - t0)),
+                    "moved_s": opt3(m.map(|t| t - t0)),
+                    "pause_at_move_s": opt3(at_move.map(|g| g.seconds())),
                 }));
             }
             _ => unmoved.push(gap.seconds()),
@@ -1259,6 +1293,7 @@ fn ks_scale_out(jar: &Path, args: &Args, logs: &Path) -> Result<Value> {
         "tasks": moved.len(),
         "pause_p99_s": opt3(percentile(&pauses, 0.99)),
         "pause_max_s": opt3(pauses.iter().copied().reduce(f64::max)),
+        "pause_at_move_p99_s": opt3(percentile(&handoffs, 0.99)),
         "balanced_after_s": opt3(balanced.map(|t| t - t0)),
         "balance_wait_s": args.ks_balance_wait_s,
         "unmoved_gap_max_s": opt3(unmoved.iter().copied().reduce(f64::max)),
@@ -1442,8 +1477,8 @@ fn markdown(args: &Args, results: &[Value]) -> String {
         "{} keys, {} partitions, {} input records/s, exactly-once; seconds.\n\n",
         args.keys, args.partitions, args.rate
     );
-    s.push_str("| engine | case | event | tasks | pause p99 | pause max | processing again after (max) | balanced after | normal gap (p99 over tasks) | target |\n");
-    s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---|\n");
+    s.push_str("| engine | case | event | tasks | pause p99 | pause max | of it at the move (p99) | other tasks' longest gap | processing again after (max) | balanced after | normal gap (p99 over tasks) | target |\n");
+    s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for r in results {
         let case = r["case"].as_str().unwrap_or_default();
         let eddy = r["engine"] == "eddy";
@@ -1475,12 +1510,14 @@ fn markdown(args: &Args, results: &[Value]) -> String {
             _ => String::new(),
         };
         s.push_str(&format!(
-            "| {} | {case} | {} | {} | {} | {} | {resumed} | {balanced} | {} | {target} |\n",
+            "| {} | {case} | {} | {} | {} | {} | {} | {} | {resumed} | {balanced} | {} | {target} |\n",
             if eddy { "eddy" } else { "Kafka Streams" },
             r["event"].as_str().unwrap_or_default(),
             r["tasks"],
             secs(&r["pause_p99_s"]),
             secs(&r["pause_max_s"]),
+            secs(&r["pause_at_move_p99_s"]),
+            secs(&r["unmoved_gap_max_s"]),
             secs(&r["baseline"]["gap_p99_s"]),
         ));
     }
