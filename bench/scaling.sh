@@ -6,9 +6,9 @@
 # stops the broker.
 #
 #   bench/scaling.sh [--keys N (1000000)] [--partitions P (12)] [--rate R (2000)] [--out DIR]
-#                    [--cases eddy-scale-out,eddy-scale-out-no-warmup,eddy-failover,
-#                             ks-scale-out,ks-failover-kill,ks-failover-term]
-#                    [--ks-balance-wait-s S (120)] [--failover-wait-s S (180)] [--help]
+#                    [--cases eddy-scale-out,eddy-scale-out-no-warmup,eddy-failover,ks-scale-out,
+#                             ks-failover-kill,ks-failover-kill-session-6s,ks-failover-term]
+#                    [--ks-balance-wait-s S (300)] [--failover-wait-s S (180)] [--help]
 #
 # --out defaults to ~/.cache/eddy/bench-results/scaling (results.json, results.md).
 set -euo pipefail
