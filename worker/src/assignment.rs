@@ -77,6 +77,7 @@ pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::
             standby: ids(mine.map(|p| &p.standby)),
             warmup: ids(mine.map(|p| &p.warmup)),
             down: a.down.clone(),
+            pods: a.pods.keys().cloned().collect(),
         };
         if let Ok(mut d) = status.desired.lock()
             && d.as_ref().map(|d| d.generation) != Some(a.generation)

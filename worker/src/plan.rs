@@ -20,6 +20,8 @@ pub struct Desired {
     pub warmup: Vec<TaskId>,
     /// Pods the operator failed over: their tasks are taken without waiting for them.
     pub down: Vec<String>,
+    /// Every pod of the assignment, this one included.
+    pub pods: Vec<String>,
 }
 
 impl Desired {
@@ -142,16 +144,59 @@ pub struct Peer {
     pub active: Vec<TaskId>,
 }
 
-/// The peers (outside `down`) that still report one of `ids` as ACTIVE: a task moving here
-/// is taken only once none does (or they are fenced). Pods the operator failed over are not
-/// waited for.
-pub fn holders(peers: &HashMap<String, Peer>, ids: &[TaskId], down: &[String]) -> Vec<String> {
+/// The peers to wait for before taking `ids`, gained in `generation`: those (outside `down`)
+/// that report one of them ACTIVE, and those of the assignment's `pods` that have not applied
+/// `generation` yet. A report lags behind its worker: one that took a task in the previous
+/// generation may not show it yet, and taking the task from under it would have two workers
+/// process it at once (under at-least-once, the later changelog writes of the one that lost
+/// it would overwrite the newer state). Applying a generation lets go of the tasks it moved
+/// away before it is reported, and before any restore, so workers gaining tasks at once do
+/// not wait on each other's restores.
+pub fn holders(
+    peers: &HashMap<String, Peer>,
+    ids: &[TaskId],
+    down: &[String],
+    generation: i64,
+    pods: &[String],
+) -> Vec<String> {
     let mut v: Vec<String> = peers
         .iter()
-        .filter(|(pod, p)| !down.contains(pod) && p.active.iter().any(|t| ids.contains(t)))
+        .filter(|(pod, p)| {
+            !down.contains(pod)
+                && (p.active.iter().any(|t| ids.contains(t))
+                    || (pods.contains(pod) && p.applied_generation < generation))
+        })
         .map(|(pod, _)| pod.clone())
         .collect();
     v.sort();
+    v
+}
+
+/// The failed-over pods (`down`, other than `me`) to fence before taking `gained` in
+/// `generation`: all of them, except one that has applied this generation (which lists it as
+/// down, so it knows) and reports none of `gained` ACTIVE. That one came back, or let go, and
+/// holds no transaction of those tasks: fencing its transactional id would only abort the new
+/// incarnation's work. A pod whose last report predates the generation may have died holding
+/// a task before reporting it, with a transaction open: it is fenced.
+pub fn to_fence(
+    peers: &HashMap<String, Peer>,
+    gained: &[TaskId],
+    down: &[String],
+    generation: i64,
+    me: &str,
+) -> Vec<String> {
+    let mut v: Vec<String> = down
+        .iter()
+        .filter(|pod| *pod != me)
+        .filter(|pod| {
+            !peers.get(*pod).is_some_and(|p| {
+                p.applied_generation >= generation && !p.active.iter().any(|t| gained.contains(t))
+            })
+        })
+        .cloned()
+        .collect();
+    v.sort();
+    v.dedup();
     v
 }
 
@@ -171,13 +216,52 @@ mod tests {
     }
 
     #[test]
+    fn failed_over_pods_are_fenced_unless_back_on_this_generation_without_the_tasks() {
+        let peer = |applied_generation: i64, active: &[i32]| Peer {
+            applied_generation,
+            active: ids(active),
+        };
+        let peers: HashMap<String, Peer> = [
+            // Killed while running 0_2 and 0_4: its last report, of generation 3, says so.
+            ("dead".to_string(), peer(3, &[2, 4])),
+            // Killed right after taking 0_6 in generation 4, before reporting it.
+            ("quick".to_string(), peer(3, &[])),
+            // Failed over in generation 4, back already and running 0_7 there.
+            ("back".to_string(), peer(4, &[7])),
+            ("me".to_string(), peer(4, &[1])),
+        ]
+        .into();
+        let pods = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let down = pods(&["dead", "quick", "back", "gone", "me"]);
+        // Taking 0_6 in generation 4: every failed-over pod whose report predates it, and the
+        // pod nothing is known of; not the one back on generation 4 without 0_6.
+        assert_eq!(
+            to_fence(&peers, &ids(&[6]), &down, 4, "me"),
+            pods(&["dead", "gone", "quick"])
+        );
+        // The pod that is back is fenced when it reports the task taken.
+        assert_eq!(
+            to_fence(&peers, &ids(&[7]), &down, 4, "me"),
+            pods(&["back", "dead", "gone", "quick"])
+        );
+        // Its report of generation 4 is stale for generation 5.
+        assert_eq!(
+            to_fence(&peers, &ids(&[6]), &pods(&["back"]), 5, "me"),
+            pods(&["back"])
+        );
+        // Never this worker itself; nothing without failed-over pods.
+        assert!(to_fence(&peers, &ids(&[1]), &pods(&["me"]), 4, "me").is_empty());
+        assert!(to_fence(&peers, &ids(&[4]), &[], 4, "me").is_empty());
+    }
+
+    #[test]
     fn a_generation_starts_promotes_demotes_and_releases() {
         let desired = Desired {
             generation: 2,
             active: ids(&[0, 1, 2]),
             standby: ids(&[3, 5]),
             warmup: ids(&[4]),
-            down: vec![],
+            ..Default::default()
         };
         // Held: 0 active (stays), 1 standby (promoted), 3 active (demoted to standby),
         // 6 active (released), 5 standby (stays), 7 standby (dropped).
@@ -243,38 +327,54 @@ mod tests {
     }
 
     #[test]
-    fn holders_are_peers_reporting_the_task_active_outside_down() {
+    fn holders_report_the_task_active_or_have_not_applied_the_generation() {
+        let peer = |applied_generation: i64, active: &[i32]| Peer {
+            applied_generation,
+            active: ids(active),
+        };
         let peers = HashMap::from([
-            (
-                "a".to_string(),
-                Peer {
-                    applied_generation: 1,
-                    active: ids(&[0]),
-                },
-            ),
-            (
-                "b".to_string(),
-                Peer {
-                    applied_generation: 1,
-                    active: ids(&[1]),
-                },
-            ),
-            // Behind this generation, holding nothing asked for: not waited for (two
-            // workers gaining tasks at once do not wait on each other).
-            (
-                "c".to_string(),
-                Peer {
-                    applied_generation: 0,
-                    active: ids(&[5]),
-                },
-            ),
+            ("a".to_string(), peer(2, &[0])),
+            ("b".to_string(), peer(2, &[1])),
+            // Took 0_4 in generation 2 (say) and has not reported it: its report is of
+            // generation 1.
+            ("c".to_string(), peer(1, &[5])),
+            // Applied generation 3 already: holds only what it reports.
+            ("d".to_string(), peer(3, &[6])),
+            // Left the assignment (scaled in after draining); its last report stays.
+            ("e".to_string(), peer(1, &[])),
         ]);
-        assert_eq!(holders(&peers, &ids(&[0, 1]), &[]), vec!["a", "b"]);
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let pods = s(&["a", "b", "c", "d", "me"]);
+        // Taking 0_0 and 0_1 in generation 2: their reporters; c is behind, waited for too.
         assert_eq!(
-            holders(&peers, &ids(&[0, 1]), &["a".to_string()]),
-            vec!["b"]
+            holders(&peers, &ids(&[0, 1]), &[], 2, &pods),
+            s(&["a", "b", "c"])
         );
-        assert!(holders(&peers, &ids(&[2]), &[]).is_empty());
+        // Taking 0_4 in generation 3: whoever has not applied it.
+        assert_eq!(
+            holders(&peers, &ids(&[4]), &[], 3, &pods),
+            s(&["a", "b", "c"])
+        );
+        // Failed-over pods are not waited for.
+        assert_eq!(
+            holders(&peers, &ids(&[0, 4]), &s(&["a", "c"]), 3, &pods),
+            s(&["b"])
+        );
+        // Everybody applied generation 2 or more, nobody reports 0_2: nothing to wait for.
+        assert!(holders(&peers, &ids(&[2]), &s(&["c"]), 2, &pods).is_empty());
+        // A pod outside the assignment is waited for only while it reports the task.
+        assert!(holders(&peers, &ids(&[2]), &s(&["c"]), 2, &s(&["a", "b", "d"])).is_empty());
+        let pods_e = s(&["a", "b", "d"]);
+        assert_eq!(
+            holders(
+                &HashMap::from([("e".to_string(), peer(1, &[2]))]),
+                &ids(&[2]),
+                &[],
+                2,
+                &pods_e
+            ),
+            s(&["e"])
+        );
     }
 
     #[test]

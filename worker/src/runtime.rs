@@ -685,12 +685,14 @@ impl Manager<'_> {
         }
         self.status.ready.store(false, Ordering::Relaxed);
         if self.status.follow_assignment {
-            self.fence_down(d)?;
+            self.fence_down(d, &new)?;
         }
         tracing::info!(tasks = ?new, "taking tasks: restoring them while the running ones go on");
         self.jobs.push(RestoreJob {
             ids: new,
+            generation: d.generation,
             down: d.down.clone(),
+            pods: d.pods.clone(),
             deadline: Instant::now() + HANDOFF_TIMEOUT,
             handed,
             cancel: Arc::new(AtomicBool::new(false)),
@@ -935,37 +937,52 @@ impl Manager<'_> {
     }
 
     /// Under the operator, a task moving here is restored only after its previous owner
-    /// committed it and let it go ([`Self::released`], checked on every turn of the loop): no other worker reports it ACTIVE any more. Pods the
-    /// operator failed over (`down`) are not waited for; under exactly-once they are fenced
-    /// at once. A worker that does not let go in time (hung, cut off from the API server) is
-    /// fenced under exactly-once: initializing its transactional id aborts its open
+    /// committed it and let it go ([`Self::released`], checked on every turn of the loop): no
+    /// other worker reports it ACTIVE any more. Pods the operator failed over (`down`) are not
+    /// waited for; under exactly-once they are fenced at once, unless back on this generation
+    /// without the `gained` tasks ([`plan::to_fence`]). A worker that does not let go in time (hung, cut off from the API
+    /// server) is fenced under exactly-once: initializing its transactional id aborts its open
     /// transaction and makes its next commit fail. At-least-once has nothing to fence with:
     /// after the timeout the task is taken anyway, and a worker that is still processing it
     /// (a zombie) may write duplicates until it sees the new assignment.
-    fn fence_down(&mut self, d: &Desired) -> Result<(), RuntimeError> {
+    fn fence_down(&mut self, d: &Desired, gained: &[TaskId]) -> Result<(), RuntimeError> {
         self.fenced.retain(|p| d.down.contains(p));
         if !self.cfg.exactly_once() {
             return Ok(());
         }
-        for pod in &d.down {
-            if *pod == self.cfg.instance_id || self.fenced.contains(pod) {
+        let fence = match self.status.peers.lock() {
+            Ok(peers) => {
+                plan::to_fence(&peers, gained, &d.down, d.generation, &self.cfg.instance_id)
+            }
+            // No view of the peers: fence every failed-over pod, as a previous owner may be
+            // among them.
+            Err(_) => d
+                .down
+                .iter()
+                .filter(|p| **p != self.cfg.instance_id)
+                .cloned()
+                .collect(),
+        };
+        for pod in fence {
+            if self.fenced.contains(&pod) {
                 continue;
             }
-            let id = collector::transactional_id(&self.cfg.application_id, pod);
+            let id = collector::transactional_id(&self.cfg.application_id, &pod);
             tracing::warn!(worker = %pod, transactional_id = %id,
                 "the operator failed this worker over: fencing it before taking its tasks");
             init_transactions(self.cfg, &id, None)?;
-            self.fenced.push(pod.clone());
+            self.fenced.push(pod);
         }
         Ok(())
     }
 
-    /// True once no peer outside `down` reports one of job `i`'s tasks ACTIVE, or the
-    /// hand-off timeout passed (then, under exactly-once, the holders are fenced).
+    /// True once no peer outside `down` may hold one of job `i`'s tasks ([`plan::holders`]: it
+    /// reports one ACTIVE, or has not applied the job's generation), or the hand-off timeout
+    /// passed (then, under exactly-once, those peers are fenced).
     fn released(&mut self, i: usize) -> Result<bool, RuntimeError> {
         let job = &self.jobs[i];
         let holders = match self.status.peers.lock() {
-            Ok(peers) => plan::holders(&peers, &job.ids, &job.down),
+            Ok(peers) => plan::holders(&peers, &job.ids, &job.down, job.generation, &job.pods),
             Err(_) => Vec::new(),
         };
         if holders.is_empty() {
@@ -978,11 +995,11 @@ impl Manager<'_> {
             if self.cfg.exactly_once() {
                 let id = collector::transactional_id(&self.cfg.application_id, &pod);
                 tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
-                    "the previous owner still holds tasks assigned here: fencing it");
+                    "a worker still holds tasks assigned here, or has not applied their generation: fencing it");
                 init_transactions(self.cfg, &id, None)?;
             } else {
                 tracing::warn!(worker = %pod, timeout_s = HANDOFF_TIMEOUT.as_secs(),
-                    "the previous owner still holds tasks assigned here: taking them anyway (at-least-once cannot fence it; it may write duplicates until it lets go)");
+                    "a worker still holds tasks assigned here, or has not applied their generation: taking them anyway (at-least-once cannot fence it; it may write duplicates until it lets go)");
             }
         }
         Ok(true)
@@ -1030,8 +1047,12 @@ impl Manager<'_> {
 /// restoring on a thread of their own while the processing thread goes on.
 struct RestoreJob {
     ids: Vec<TaskId>,
+    /// The generation that gave the tasks here.
+    generation: i64,
     /// The assignment's failed-over pods: not waited for.
     down: Vec<String>,
+    /// The assignment's pods: each is waited for until it applied `generation`.
+    pods: Vec<String>,
     /// When the previous owner is fenced (exactly-once) or ignored (at-least-once).
     deadline: Instant,
     /// In-memory stores of promoted standbys, for the tasks when they are created.
