@@ -23,6 +23,8 @@ struct Cli {
 enum Command {
     /// Print the StatefulStreamApp CustomResourceDefinition (YAML).
     Crd,
+    /// Print the reference page of the CRD's fields (Markdown, docs/reference.md).
+    Reference,
     /// Reconcile StatefulStreamApps in all namespaces (in-cluster or KUBECONFIG credentials).
     Run {
         /// Serve /metrics, /healthz and /readyz here.
@@ -52,6 +54,10 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crd => {
             print!("{}", serde_yaml::to_string(&eddy_crds::resource::crd())?);
+            Ok(())
+        }
+        Command::Reference => {
+            print!("{}", eddy_crds::reference::markdown());
             Ok(())
         }
         Command::Run {
