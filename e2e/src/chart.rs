@@ -264,7 +264,7 @@ mod tests {
             task: "0_0".into(),
             store: "s".into(),
         };
-        m.records_processed.get_or_create(&task);
+        let _ = m.records_processed.get_or_create(&task);
         m.set_task_state("0_0", TaskStateLabel::RUNNING);
         for gauge in [
             &m.restore_remaining,
@@ -272,9 +272,9 @@ mod tests {
             &m.store_bytes,
             &m.standby_lag,
         ] {
-            gauge.get_or_create(&store);
+            let _ = gauge.get_or_create(&store);
         }
-        m.restore_rate.get_or_create(&store);
+        let _ = m.restore_rate.get_or_create(&store);
         for counter in [
             &m.restored_records,
             &m.cache_hits,
@@ -282,20 +282,20 @@ mod tests {
             &m.stores_rebuilt,
             &m.standby_updated,
         ] {
-            counter.get_or_create(&store);
+            let _ = counter.get_or_create(&store);
         }
-        m.consumer_lag.get_or_create(&PartitionLabels {
+        let _ = m.consumer_lag.get_or_create(&PartitionLabels {
             topic: "t".into(),
             partition: 0,
         });
-        m.bad_records.get_or_create(&OutcomeLabels {
+        let _ = m.bad_records.get_or_create(&OutcomeLabels {
             task: "0_0".into(),
             outcome: "skip".into(),
         });
-        m.recoveries.get_or_create(&ReasonLabels {
+        let _ = m.recoveries.get_or_create(&ReasonLabels {
             reason: "KafkaUnavailable".into(),
         });
-        m.standby_tasks.get_or_create(&RoleLabels {
+        let _ = m.standby_tasks.get_or_create(&RoleLabels {
             role: "standby".into(),
         });
         exported(&m.encode())
