@@ -24,6 +24,12 @@ step "helm lint and template (helm and the control plane built from Go modules, 
 k8s_bin=$("$root/e2e/k8s/cluster.sh" bin | tail -n 1)
 "$k8s_bin/helm" lint charts/eddy-operator
 "$k8s_bin/helm" template t charts/eddy-operator --namespace eddy-system >/dev/null
+# Every toggle on (e2e/tests/chart.rs sends this through the API server's dry-run).
+all_on=(--set monitoring.serviceMonitor.enabled=true --set monitoring.podMonitor.enabled=true
+  --set monitoring.dashboard.enabled=true --set rbac.aggregateToDefaultRoles=true
+  --set 'watchNamespaces={team-a,team-b}')
+"$k8s_bin/helm" lint charts/eddy-operator "${all_on[@]}"
+"$k8s_bin/helm" template t charts/eddy-operator --namespace eddy-system "${all_on[@]}" >/dev/null
 if "$k8s_bin/helm" template t charts/eddy-operator --set replicaCount=-1 >/dev/null 2>&1; then
   echo "values.schema.json must reject replicaCount=-1" >&2; exit 1
 fi

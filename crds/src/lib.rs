@@ -3,6 +3,7 @@
 //! internal topic names live here too, so both sides agree on them. No I/O.
 
 pub mod manifest;
+pub mod reference;
 pub mod resource;
 pub mod security;
 pub mod spec;

@@ -304,19 +304,19 @@ fn step_schema() -> Value {
         "properties": {
             "from": {"type": "object", "description": "Read a topic: one task per partition.", "required": ["topic"], "properties": {
                 "topic": d(topic.clone(), "The source topic (it must exist)."),
-                "key": d(format.clone(), "Key format: string (default), json, bytes or i64."),
-                "value": d(format.clone(), "Value format: json (default), string, bytes or i64.")}},
+                "key": d(format.clone(), "Key format: string, json, bytes or i64 (default string)."),
+                "value": d(format.clone(), "Value format: json, string, bytes or i64 (default json).")}},
             "filter": d(string.clone(), "jq: keep the records for which it is true (`.` is the value, $key the key, $ts the timestamp)."),
             "map": d(string.clone(), "jq: replace the value by each of its outputs."),
-            "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "a jq expression, or {key: <jq>, format: FORMAT, name: NAME}; the name (default: the step's index) names the repartition topic <applicationId>-<name>-repartition"},
+            "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "Re-key: a jq expression, or {key: <jq>, format: FORMAT, name: NAME}. The name names the repartition topic <applicationId>-<name>-repartition; without one, the step's index does."},
             "count": {"type": "object", "description": "Count records per key into a store; emits the updated count (i64).", "required": ["store"], "properties": {"store": store.clone(), "inMemory": in_memory.clone()}},
             "aggregate": {"type": "object", "description": "Fold records per key into a store; emits the updated aggregate.", "required": ["store", "initial", "add"], "properties": {
                 "store": store, "initial": d(string.clone(), "jq: the first aggregate of a key (input: the record value)."),
                 "add": d(string.clone(), "jq: the new aggregate, with $agg bound to the current one."), "inMemory": in_memory}},
             "to": {"type": "object", "description": "Write to a topic, partitioned by Kafka's murmur2 of the key bytes.", "required": ["topic"], "properties": {
                 "topic": d(topic, "The output topic (it must exist)."),
-                "key": d(format.clone(), "Key format; default: the key's current format."),
-                "value": d(format, "Value format; default: the value's current format.")}},
+                "key": d(format.clone(), "Key format (default: the key's current format)."),
+                "value": d(format, "Value format (default: the value's current format).")}},
         },
     })
 }

@@ -50,15 +50,16 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AppSpec {
-    /// Number of worker pods (operator only; a standalone worker owns every task).
+    /// Number of worker pods (default 1). Operator only: a standalone worker owns every task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
-    /// Worker container image (operator only).
+    /// Worker container image (default `ghcr.io/eddy-dev/eddy-worker:<the operator's
+    /// version>`). Operator only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Kafka Streams' `application.id`: prefix of internal topics, transactional ids and the
-    /// consumer group. Defaults to `<namespace>.<name>` under the operator (unique in the
-    /// cluster), to the name in a standalone file. An id another app already uses is refused.
+    /// consumer group (default `<namespace>.<name>` under the operator, unique in the cluster;
+    /// the name in a standalone file). An id another app already uses is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub application_id: Option<String>,
     /// How to reach Kafka: bootstrap servers, TLS and SASL from Secrets, client properties.
@@ -68,11 +69,11 @@ pub struct AppSpec {
     /// id per task; outputs read `read_committed` see every input's effect exactly once).
     #[serde(default)]
     pub processing_guarantee: ProcessingGuarantee,
-    /// Milliseconds between commits; default 30000 at-least-once, 100 exactly-once.
+    /// Milliseconds between commits (default 30000 at-least-once, 100 exactly-once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_interval_ms: Option<u64>,
     /// Exactly-once: how long a transaction may stay open before the brokers abort it
-    /// (the producer's `transaction.timeout.ms`); default 30000. Must be at least twice
+    /// (default 30000), the producer's `transaction.timeout.ms`. Must be at least twice
     /// `commitIntervalMs`, and at most the brokers' `transaction.max.timeout.ms` (900000 by
     /// default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -315,7 +316,7 @@ impl JsonSchema for ValueSource {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TlsSpec {
-    /// CA certificate (PEM) that signed the brokers' certificates; default: the system's CAs.
+    /// CA certificate (PEM) that signed the brokers' certificates (default: the system's CAs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<SecretKeyRef>,
     /// Client certificate (PEM) for mutual TLS.
@@ -369,7 +370,7 @@ pub struct KafkaSpec {
     /// Comma-separated `host:port` list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_servers: Option<String>,
-    /// Replication factor of internal topics; default min(3, number of brokers).
+    /// Replication factor of internal topics (default min(3, number of brokers)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replication_factor: Option<i32>,
     /// Extra librdkafka client properties, applied to every client (eddy's own clients and
@@ -420,11 +421,11 @@ pub enum ProcessingGuarantee {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WarmupSpec {
-    /// Warm-up replicas at once across the app (default 2, at least 1).
+    /// Warm-up replicas at once across the app (default 2); at least 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_warmup_replicas: Option<i32>,
     /// A task moves to its new pod once that pod's copy lacks at most this many changelog
-    /// records (default 10000, at least 0).
+    /// records (default 10000); at least 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acceptable_recovery_lag: Option<i64>,
 }
@@ -437,10 +438,10 @@ impl WarmupSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StorageSpec {
-    /// Size of each pod's state volume, e.g. `10Gi`.
+    /// Size of each pod's state volume, e.g. `10Gi` (default `1Gi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<String>,
-    /// StorageClass of the state volumes; default: the cluster's default class.
+    /// StorageClass of the state volumes (default: the cluster's default class).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
     /// Keep or delete a pod's volume when the app scales in (default Retain: scaling back
@@ -455,11 +456,11 @@ pub struct StorageSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MemorySpec {
-    /// Total state memory per process, e.g. `256Mi` (default): a quarter for the record
-    /// cache, the rest for RocksDB's shared block cache, which also accounts memtables.
+    /// Total state memory per process (default `256Mi`): a quarter for the record cache,
+    /// the rest for RocksDB's shared block cache, which also accounts memtables.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<String>,
-    /// Bytes of the record cache out of the budget (default a quarter). `0` turns caching
+    /// Bytes of the record cache out of the budget (default a quarter of it). `0` turns caching
     /// off: every update goes to the changelog and downstream at once (Kafka Streams'
     /// `statestore.cache.max.bytes=0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -652,10 +653,10 @@ pub struct AggregateStep {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ToStep {
     pub topic: String,
-    /// Key format; default: the key's current format.
+    /// Key format (default: the key's current format).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<Format>,
-    /// Value format; default: the value's current format.
+    /// Value format (default: the value's current format).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<Format>,
 }

@@ -122,23 +122,34 @@ impl ControlPlane {
     /// the CRD, the operator's ServiceAccount and RBAC. Returns a kubeconfig with exactly the
     /// ServiceAccount's rights, to run the operator as a local process (release name `t`).
     pub fn install_operator_rbac(&self, ns: &str, dir: &Path) -> Result<PathBuf> {
+        self.install_operator_rbac_with(ns, dir, &[])
+    }
+
+    /// [`Self::install_operator_rbac`] with chart values (`--set` arguments, e.g.
+    /// `watchNamespaces={a,b}`: those namespaces must exist).
+    pub fn install_operator_rbac_with(
+        &self,
+        ns: &str,
+        dir: &Path,
+        values: &[&str],
+    ) -> Result<PathBuf> {
         self.kubectl(&["create", "namespace", ns], None)?;
         self.install_crd(&repo_root().join("charts/eddy-operator/crds"))?;
-        let rbac = self.tool(
-            "helm",
-            &[
-                "template",
-                "t",
-                "charts/eddy-operator",
-                "--namespace",
-                ns,
-                "--show-only",
-                "templates/serviceaccount.yaml",
-                "--show-only",
-                "templates/rbac.yaml",
-            ],
-            None,
-        )?;
+        let mut args = vec![
+            "template",
+            "t",
+            "charts/eddy-operator",
+            "--namespace",
+            ns,
+            "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
+            "templates/rbac.yaml",
+        ];
+        for v in values {
+            args.extend(["--set", v]);
+        }
+        let rbac = self.tool("helm", &args, None)?;
         self.kubectl(&["apply", "-f", "-"], Some(&rbac))?;
         self.kubeconfig_for(ns, "t-eddy-operator", dir)
     }

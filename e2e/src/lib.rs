@@ -2,6 +2,8 @@
 //! `e2e/kafka/kafka.sh`, topics, producing and reading records, and `eddy-worker` processes
 //! started, scraped, stopped and killed like a user would.
 
+pub mod chart;
+
 pub mod k8s;
 
 pub mod operated;

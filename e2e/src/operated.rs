@@ -37,11 +37,38 @@ pub fn shared(
     operators: usize,
     before: impl FnOnce(&ControlPlane, &str) -> Result<()>,
 ) -> Result<&'static Operated> {
+    shared_with(
+        &Setup {
+            operators,
+            ..Setup::default()
+        },
+        before,
+    )
+}
+
+/// How the operators of [`shared_with`] run.
+#[derive(Default)]
+pub struct Setup<'a> {
+    /// Operator replicas (one leads).
+    pub operators: usize,
+    /// Namespaces created before the RBAC is installed (`watchNamespaces` puts a Role in each).
+    pub namespaces: &'a [&'a str],
+    /// Chart values (`--set` arguments) the operators' RBAC is rendered with.
+    pub values: &'a [&'a str],
+    /// More `eddy-operator run` arguments, e.g. `--watch-namespaces`.
+    pub args: &'a [&'a str],
+}
+
+/// [`shared`], the operators' RBAC rendered with chart values and run with more arguments.
+pub fn shared_with(
+    setup: &Setup,
+    before: impl FnOnce(&ControlPlane, &str) -> Result<()>,
+) -> Result<&'static Operated> {
     SHARED
         .get_or_init(|| {
             // SAFETY: registers a plain function without arguments, run once at exit.
             unsafe { libc::atexit(teardown) };
-            Operated::start(operators, before).map_err(|e| format!("{e:#}"))
+            Operated::start(setup, before).map_err(|e| format!("{e:#}"))
         })
         .as_ref()
         .map_err(|e| anyhow!("the shared control plane did not start: {e}"))
@@ -70,32 +97,38 @@ fn spawn(bin: &str, args: &[&str], envs: &[(&str, &Path)], log: &Path) -> Result
 
 impl Operated {
     fn start(
-        operators: usize,
+        setup: &Setup,
         before: impl FnOnce(&ControlPlane, &str) -> Result<()>,
     ) -> Result<Self> {
         let bs = bootstrap()?;
         let cp = ControlPlane::start(&format!("op-{}", std::process::id()))?;
         let dir = tempfile::tempdir()?;
+        for ns in setup.namespaces {
+            cp.kubectl(&["create", "namespace", ns], None)?;
+        }
         // The chart's CRD and RBAC, as `helm install` would create them (the operator itself
         // runs here as a local process with its ServiceAccount's token).
-        let op_kubeconfig = cp.install_operator_rbac(OPERATOR_NS, dir.path())?;
+        let op_kubeconfig = cp.install_operator_rbac_with(OPERATOR_NS, dir.path(), setup.values)?;
         before(&cp, &bs)?;
-        let ports = (0..operators)
+        let ports = (0..setup.operators)
             .map(|_| free_port())
             .collect::<Result<Vec<_>>>()?;
         for (i, port) in ports.iter().enumerate() {
             let id = format!("op-{i}");
+            let addr = format!("127.0.0.1:{port}");
+            let mut args = vec![
+                "run",
+                "--http-addr",
+                &addr,
+                "--namespace",
+                OPERATOR_NS,
+                "--identity",
+                &id,
+            ];
+            args.extend_from_slice(setup.args);
             spawn(
                 "eddy-operator",
-                &[
-                    "run",
-                    "--http-addr",
-                    &format!("127.0.0.1:{port}"),
-                    "--namespace",
-                    OPERATOR_NS,
-                    "--identity",
-                    &id,
-                ],
+                &args,
                 &[("KUBECONFIG", &op_kubeconfig)],
                 &dir.path().join(format!("{id}.log")),
             )?;
@@ -272,11 +305,17 @@ impl<'a> Namespace<'a> {
             args.extend(labels);
             env.kubectl(&args, None)?;
         }
-        Ok(Self {
+        Ok(Self::adopt(env, &name))
+    }
+
+    /// A namespace that exists already (one of [`Setup::namespaces`]), deleted like the others
+    /// when the test ends: one test per such namespace.
+    pub fn adopt(env: &'a Operated, name: &str) -> Self {
+        Self {
             env,
             topics: std::cell::RefCell::new(vec![format!("{name}.")]),
-            name,
-        })
+            name: name.to_string(),
+        }
     }
 
     /// A new topic of a unique name starting with `prefix`, deleted with the namespace.

@@ -55,8 +55,9 @@ pub struct Ctx {
     pub client: Client,
     pub metrics: Arc<Metrics>,
     pub events: crate::events::Events,
-    /// Every app, from the controller's own watch cache: who holds which application id.
-    pub apps: Store<RawApp>,
+    /// Every app the operator watches, from the controllers' own watch caches (one per
+    /// watched namespace, or one for all): who holds which application id.
+    pub apps: Vec<Store<RawApp>>,
     pub owned: OwnedCache,
     /// Every worker pod, from a watch that also triggers its app's reconcile: the assignor
     /// sees pods go and come back (failover) without a request per reconcile.
@@ -70,6 +71,10 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    fn all_apps(&self) -> Vec<Arc<RawApp>> {
+        self.apps.iter().flat_map(Store::state).collect()
+    }
+
     fn written_generation(&self, uid: &str) -> Option<i64> {
         let written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
         written
@@ -102,14 +107,15 @@ pub struct OwnedCache {
 }
 
 impl OwnedCache {
-    pub fn start(client: &Client) -> Self {
+    /// Caches of one namespace, or of all (`None`).
+    pub fn start(client: &Client, ns: Option<&str>) -> Self {
         Self {
-            service_accounts: cache(client),
-            roles: cache(client),
-            role_bindings: cache(client),
-            config_maps: cache(client),
-            services: cache(client),
-            pdbs: cache(client),
+            service_accounts: cache(client, ns),
+            roles: cache(client, ns),
+            role_bindings: cache(client, ns),
+            config_maps: cache(client, ns),
+            services: cache(client, ns),
+            pdbs: cache(client, ns),
         }
     }
 
@@ -134,7 +140,7 @@ impl OwnedCache {
     }
 }
 
-fn cache<K>(client: &Client) -> Store<PartialObjectMeta<K>>
+fn cache<K>(client: &Client, ns: Option<&str>) -> Store<PartialObjectMeta<K>>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
         + Clone
@@ -149,7 +155,7 @@ where
         writer,
         // An `Api` of `PartialObjectMeta` makes metadata-only requests.
         watcher(
-            Api::<PartialObjectMeta<K>>::all(client.clone()),
+            scoped_api::<PartialObjectMeta<K>>(client, ns),
             watcher::Config::default().labels(MANAGED),
         ),
     )
@@ -174,8 +180,117 @@ fn api_resource(kind: Kind) -> ApiResource {
     }
 }
 
-/// Run the controller until the process stops.
-pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
+/// The namespaces the operator watches: every one, or only those listed
+/// (`--watch-namespaces`), so that it can run with Roles in those namespaces instead of a
+/// ClusterRole, or several operators can split a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Scope {
+    #[default]
+    All,
+    Namespaces(Vec<String>),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "watch namespaces: {0:?} is not a namespace name (lower-case letters, digits and '-', at most 63 characters, starting and ending with a letter or digit)"
+)]
+pub struct BadNamespace(String);
+
+impl Scope {
+    /// The namespaces given (empty entries ignored, duplicates dropped), checked to be valid
+    /// names: a typo would otherwise watch a namespace that can never exist, silently.
+    pub fn new<S: AsRef<str>>(names: &[S]) -> Result<Self, BadNamespace> {
+        let mut list: Vec<String> = Vec::new();
+        for name in names.iter().map(|n| n.as_ref().trim()) {
+            if name.is_empty() || list.iter().any(|n| n == name) {
+                continue;
+            }
+            let ok = name.len() <= 63
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !name.starts_with('-')
+                && !name.ends_with('-');
+            if !ok {
+                return Err(BadNamespace(name.to_string()));
+            }
+            list.push(name.to_string());
+        }
+        Ok(if list.is_empty() {
+            Scope::All
+        } else {
+            Scope::Namespaces(list)
+        })
+    }
+
+    /// One entry per watch: a namespace, or `None` for all of them.
+    fn watches(&self) -> Vec<Option<String>> {
+        match self {
+            Scope::All => vec![None],
+            Scope::Namespaces(list) => list.iter().cloned().map(Some).collect(),
+        }
+    }
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scope::All => f.write_str("all namespaces"),
+            Scope::Namespaces(list) => write!(f, "namespaces {}", list.join(", ")),
+        }
+    }
+}
+
+fn scoped_api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Run the controllers until the process stops: one over all namespaces, or one per watched
+/// namespace. kube's watch caches hold one list each (merging several namespaces' watches
+/// into one store would let each namespace's relist drop the others' objects), so each
+/// namespace gets its own controller and caches; application ids are still checked across
+/// every watched namespace.
+pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String, scope: Scope) {
+    let controllers: Vec<_> = scope
+        .watches()
+        .into_iter()
+        .map(|ns| controller(&client, ns.as_deref()))
+        .collect();
+    let apps: Vec<Store<RawApp>> = controllers.iter().map(|(c, ..)| c.store()).collect();
+    let runs = controllers.into_iter().map(|(controller, pods, ns)| {
+        let ctx = Arc::new(Ctx {
+            events: crate::events::Events::new(client.clone(), MANAGER, &identity),
+            apps: apps.clone(),
+            owned: OwnedCache::start(&client, ns.as_deref()),
+            pods,
+            client: client.clone(),
+            metrics: metrics.clone(),
+            written: Default::default(),
+        });
+        controller
+            .shutdown_on_signal()
+            .run(reconcile_app, error_policy, ctx)
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    tracing::debug!("reconcile: {e}");
+                }
+            })
+    });
+    futures::future::join_all(runs).await;
+}
+
+/// The controller of one namespace (or all), with the pod cache its reconciles read.
+fn controller(
+    client: &Client,
+    ns: Option<&str>,
+) -> (Controller<RawApp>, Store<Pod>, Option<String>) {
     // Apps are watched as `RawApp`: one resource the types cannot read must not fail the
     // watch of all of them. Every change of an app triggers a reconcile, status included:
     // workers' reports are what the assignor acts on.
@@ -183,43 +298,23 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String) {
     let pod_events = reflector::reflector(
         writer,
         watcher(
-            Api::<Pod>::all(client.clone()),
+            scoped_api::<Pod>(client, ns),
             watcher::Config::default().labels(WORKER_PODS),
         ),
     )
     .default_backoff()
     .touched_objects();
-    let controller = Controller::new(
-        Api::<RawApp>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(
-        Api::<StatefulSet>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .watches_stream(pod_events, |pod: Pod| {
-        let ns = pod.metadata.namespace.clone()?;
-        let app = pod.labels().get(INSTANCE)?.clone();
-        Some(ObjectRef::<RawApp>::new(&app).within(&ns))
-    });
-    let ctx = Arc::new(Ctx {
-        events: crate::events::Events::new(client.clone(), MANAGER, &identity),
-        apps: controller.store(),
-        owned: OwnedCache::start(&client),
-        pods,
-        client,
-        metrics,
-        written: Default::default(),
-    });
-    controller
-        .shutdown_on_signal()
-        .run(reconcile_app, error_policy, ctx)
-        .for_each(|r| async move {
-            if let Err(e) = r {
-                tracing::debug!("reconcile: {e}");
-            }
-        })
-        .await;
+    let controller = Controller::new(scoped_api::<RawApp>(client, ns), watcher::Config::default())
+        .owns(
+            scoped_api::<StatefulSet>(client, ns),
+            watcher::Config::default(),
+        )
+        .watches_stream(pod_events, |pod: Pod| {
+            let ns = pod.metadata.namespace.clone()?;
+            let app = pod.labels().get(INSTANCE)?.clone();
+            Some(ObjectRef::<RawApp>::new(&app).within(&ns))
+        });
+    (controller, pods, ns.map(str::to_string))
 }
 
 async fn reconcile_app(app: Arc<RawApp>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -348,7 +443,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     )
     .await;
     let mut observed = Observed {
-        claims: ctx.apps.state().iter().map(|a| a.claim()).collect(),
+        claims: ctx.all_apps().iter().map(|a| a.claim()).collect(),
         pods: observe_pods(&ctx.pods, &ns, &name),
         ..Default::default()
     };
@@ -647,12 +742,7 @@ async fn cleanup(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     // An app refused for using another app's id must not delete that app's topics.
-    if let Some(other) = ctx
-        .apps
-        .state()
-        .iter()
-        .find(|a| claim.yields_to(&a.claim()))
-    {
+    if let Some(other) = ctx.all_apps().iter().find(|a| claim.yields_to(&a.claim())) {
         warn(
             "TopicDeletionSkipped",
             format!(
@@ -700,7 +790,7 @@ pub async fn install_crd(client: Client) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::{merge_diff, observe_pod};
+    use super::{Scope, merge_diff, observe_pod};
     use crate::placement::PodObserved;
     use serde_json::json;
 
@@ -766,6 +856,23 @@ mod tests {
                 since: t("2026-01-01T00:00:00Z")
             }
         );
+    }
+
+    #[test]
+    fn watch_namespaces_are_checked_names_and_none_means_all() {
+        assert_eq!(Scope::new::<&str>(&[]).expect("valid"), Scope::All);
+        assert_eq!(Scope::new(&["", " "]).expect("valid"), Scope::All);
+        assert_eq!(
+            Scope::new(&["team-a", " team-b", "team-a"]).expect("valid"),
+            Scope::Namespaces(vec!["team-a".into(), "team-b".into()])
+        );
+        for bad in ["Team-A", "team_a", "-a", "a-", &"a".repeat(64), "a.b"] {
+            let e = Scope::new(&[bad]).expect_err(bad).to_string();
+            assert!(
+                e.contains(&format!("{bad:?} is not a namespace name")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -23,7 +23,9 @@ struct Cli {
 enum Command {
     /// Print the StatefulStreamApp CustomResourceDefinition (YAML).
     Crd,
-    /// Reconcile StatefulStreamApps in all namespaces (in-cluster or KUBECONFIG credentials).
+    /// Print the reference page of the CRD's fields (Markdown, docs/reference.md).
+    Reference,
+    /// Reconcile StatefulStreamApps (in-cluster or KUBECONFIG credentials).
     Run {
         /// Serve /metrics, /healthz and /readyz here.
         #[arg(long, env = "EDDY_OPERATOR_HTTP_ADDR", default_value = "0.0.0.0:8080")]
@@ -37,6 +39,15 @@ enum Command {
         /// Install or update the CRD before starting.
         #[arg(long)]
         install_crd: bool,
+        /// Watch only these namespaces (comma-separated; default: all). The operator then
+        /// needs rights in those namespaces only (the chart's `watchNamespaces`).
+        #[arg(
+            long,
+            env = "EDDY_OPERATOR_WATCH_NAMESPACES",
+            value_delimiter = ',',
+            value_name = "NS,..."
+        )]
+        watch_namespaces: Vec<String>,
     },
 }
 
@@ -54,16 +65,24 @@ fn main() -> anyhow::Result<()> {
             print!("{}", serde_yaml::to_string(&eddy_crds::resource::crd())?);
             Ok(())
         }
+        Command::Reference => {
+            print!("{}", eddy_crds::reference::markdown());
+            Ok(())
+        }
         Command::Run {
             http_addr,
             namespace,
             identity,
             install_crd,
-        } => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?
-            .block_on(run(http_addr, namespace, identity, install_crd)),
+            watch_namespaces,
+        } => {
+            let scope = controller::Scope::new(&watch_namespaces)?;
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?
+                .block_on(run(http_addr, namespace, identity, install_crd, scope))
+        }
     }
 }
 
@@ -72,6 +91,7 @@ async fn run(
     namespace: String,
     identity: Option<String>,
     install_crd: bool,
+    scope: controller::Scope,
 ) -> anyhow::Result<()> {
     let identity = identity.unwrap_or_else(|| format!("eddy-operator-{}", std::process::id()));
     let client = kube::Client::try_default()
@@ -110,8 +130,9 @@ async fn run(
     )
     .await;
     metrics.leader.set(1);
+    tracing::info!("leading: reconciling StatefulStreamApps in {scope}");
     tokio::select! {
-        _ = controller::run(client, metrics.clone(), identity) => Ok(()),
+        _ = controller::run(client, metrics.clone(), identity, scope) => Ok(()),
         _ = lost => anyhow::bail!("lost the leader lease: stopping so a follower takes over"),
     }
 }

@@ -14,3 +14,15 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 app.kubernetes.io/name: {{ include "eddy-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
+{{- /*
+Whether a monitor (ServiceMonitor, PodMonitor) is rendered: its `enabled` value when set,
+else whether the cluster serves the prometheus-operator API.
+*/ -}}
+{{- define "eddy-operator.monitorEnabled" -}}
+{{- $enabled := index . 0 -}}{{- $root := index . 1 -}}
+{{- if kindIs "bool" $enabled -}}
+{{- if $enabled }}true{{ end -}}
+{{- else if $root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1" -}}
+true
+{{- end -}}
+{{- end -}}
