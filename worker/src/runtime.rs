@@ -150,14 +150,22 @@ fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> RuntimeError {
 /// and notices input partitions left without a known leader.
 struct LagReporter {
     metrics: Arc<Metrics>,
+    /// The sub-topology reading each input topic: a partition's task is `<sub>_<partition>`.
+    subtopologies: HashMap<String, u32>,
     /// Since when some fetched partition has had no known leader (None: all have one).
     leaderless_since: Mutex<Option<Instant>>,
 }
 
 impl LagReporter {
-    fn new(metrics: Arc<Metrics>) -> Self {
+    fn new(metrics: Arc<Metrics>, cfg: &WorkerConfig) -> Self {
         Self {
             metrics,
+            subtopologies: cfg
+                .topology
+                .subtopologies
+                .iter()
+                .map(|s| (s.source.topic.clone(), s.id))
+                .collect(),
             leaderless_since: Mutex::new(None),
         }
     }
@@ -175,24 +183,31 @@ impl LagReporter {
 impl ClientContext for LagReporter {
     fn stats(&self, stats: Statistics) {
         let mut leaderless = false;
+        let mut lags = Vec::new();
         for (topic, t) in stats.topics {
+            let sub = self.subtopologies.get(&topic).copied();
             for (p, part) in t.partitions {
                 if p < 0 {
                     continue;
                 }
                 leaderless |=
                     part.leader < 0 && !matches!(part.fetch_state.as_str(), "none" | "stopped");
-                if part.consumer_lag >= 0 {
-                    self.metrics
-                        .consumer_lag
-                        .get_or_create(&PartitionLabels {
-                            topic: topic.clone(),
-                            partition: p,
-                        })
-                        .set(part.consumer_lag);
+                // Partitions known from metadata but not assigned (any more) are listed too.
+                if matches!(part.fetch_state.as_str(), "none" | "stopping" | "stopped") {
+                    continue;
                 }
+                let labels = PartitionLabels {
+                    task: sub.map_or_else(String::new, |s| TaskId::new(s, p).to_string()),
+                    topic: topic.clone(),
+                    partition: p,
+                };
+                lags.push((
+                    labels,
+                    (part.consumer_lag >= 0).then_some(part.consumer_lag),
+                ));
             }
         }
+        self.metrics.set_consumer_lags(lags);
         if let Ok(mut since) = self.leaderless_since.lock() {
             match (leaderless, *since) {
                 (true, None) => *since = Some(Instant::now()),
@@ -281,7 +296,7 @@ fn input_consumer(
     .set("enable.auto.commit", "false")
     .set("auto.offset.reset", "earliest")
     .set("isolation.level", "read_committed")
-    .create_with_context(LagReporter::new(metrics.clone()))
+    .create_with_context(LagReporter::new(metrics.clone(), cfg))
     .map(Arc::new)
     .map_err(kafka("creating the consumer"))
 }
@@ -635,6 +650,7 @@ impl Manager<'_> {
             for mut t in release {
                 tpl.add_partition(&t.input_topic, t.id.partition);
                 t.close()?;
+                t.forget_metrics();
                 if c.demote.contains(&t.id) {
                     given.insert(t.id, t.take_memory_stores());
                     tracing::info!(task = %t.id, "task demoted: its stores go on as a standby");
@@ -1046,11 +1062,14 @@ struct RestoreJob {
 type RestoreThread = std::thread::JoinHandle<(Vec<Task>, Result<Restored, RestoreError>)>;
 
 impl RestoreJob {
-    /// Stop restoring and drop the tasks (their stores keep what was restored).
+    /// Stop restoring and drop the tasks (their stores keep what was restored), and their
+    /// gauges (a cancelled restore's backlog would stay up for good).
     fn cancel(self) {
         self.cancel.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread {
-            let _ = t.join();
+        if let Some(t) = self.thread
+            && let Ok((tasks, _)) = t.join()
+        {
+            tasks.iter().for_each(Task::forget_metrics);
         }
     }
 }
