@@ -201,10 +201,7 @@ impl ClientContext for LagReporter {
                     topic: topic.clone(),
                     partition: p,
                 };
-                lags.push((
-                    labels,
-                    (part.consumer_lag >= 0).then_some(part.consumer_lag),
-                ));
+                lags.push((labels, input_lag(&part)));
             }
         }
         self.metrics.set_consumer_lags(lags);
@@ -218,6 +215,28 @@ impl ClientContext for LagReporter {
     }
 }
 impl ConsumerContext for LagReporter {}
+
+/// Records between the consumer's position in a partition and its end (the last stable
+/// offset: the consumer reads committed records only), or None when either is not known.
+/// librdkafka's own `consumer_lag` counts from the offset this consumer committed, which under
+/// exactly-once it never does (offsets go with the transaction), and its `consumer_lag_stored`
+/// is unknown until a record arrives after an assignment. With nothing prefetched the position
+/// is the next offset to fetch (past transaction markers), else the application's offset.
+fn input_lag(part: &rdkafka::statistics::Partition) -> Option<i64> {
+    let end = if part.ls_offset >= 0 {
+        part.ls_offset
+    } else {
+        part.hi_offset
+    };
+    let position = if part.fetchq_cnt == 0 && part.next_offset >= 0 {
+        part.next_offset
+    } else if part.app_offset >= 0 {
+        part.app_offset
+    } else {
+        part.next_offset
+    };
+    (end >= 0 && position >= 0).then(|| (end - position).max(0))
+}
 
 /// Run the app until `status.shutdown` is set or an error that retrying cannot fix.
 /// Standalone, the worker owns every task; under the operator (`status.follow_assignment`)
@@ -1173,5 +1192,35 @@ impl Router {
             .iter()
             .find(|(n, _)| n == topic)
             .and_then(|(_, m)| m.get(&partition).copied())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::input_lag;
+    use rdkafka::statistics::Partition;
+
+    #[test]
+    fn input_lag_counts_from_the_position_not_a_commit() {
+        let p = |fetchq_cnt, next_offset, app_offset, ls_offset| Partition {
+            fetchq_cnt,
+            next_offset,
+            app_offset,
+            ls_offset,
+            hi_offset: ls_offset,
+            committed_offset: -1001,
+            consumer_lag: -1,
+            ..Default::default()
+        };
+        // Idle after an assignment (nothing consumed yet, nothing committed by this consumer).
+        assert_eq!(input_lag(&p(0, 500, -1001, 500)), Some(0));
+        // Past a transaction marker: the fetch position is past it, the last record is not.
+        assert_eq!(input_lag(&p(0, 501, 499, 501)), Some(0));
+        // Records prefetched and not processed yet count.
+        assert_eq!(input_lag(&p(200, 900, 700, 1000)), Some(300));
+        assert_eq!(input_lag(&p(200, 900, -1001, 1000)), Some(100));
+        // Nothing known yet (offset query in flight).
+        assert_eq!(input_lag(&p(0, -1001, -1001, 1000)), None);
+        assert_eq!(input_lag(&p(0, 10, -1001, -1001)), None);
     }
 }
