@@ -211,6 +211,18 @@ impl Operated {
             .sum()
     }
 
+    /// The leading operator replica's `/metrics` (the one showing the apps).
+    pub fn leader_metrics(&self) -> Result<String> {
+        for p in &self.operators {
+            if let Ok((200, text)) = http_get(&format!("127.0.0.1:{p}"), "/metrics")
+                && sum_metric(&text, "eddy_operator_leader", &[]) == 1.0
+            {
+                return Ok(text);
+            }
+        }
+        Err(anyhow!("no operator replica leads"))
+    }
+
     /// The directory the pod runner keeps a pod in (its `log`, its `http` address).
     pub fn pod_dir(&self, ns: &str, pod: &str) -> PathBuf {
         self.dir.path().join("node/pods").join(ns).join(pod)

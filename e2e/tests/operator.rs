@@ -162,6 +162,95 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
         "{table}"
     );
 
+    // The leading operator shows the app as its status says; each worker its version, its
+    // process and the lag of the tasks it reads.
+    let (in_ns, is_app) = (format!("namespace=\"{ns}\""), format!("app=\"{app}\""));
+    let app_metric = |text: &str, name: &str, extra: &str| {
+        sum_metric(text, name, &[in_ns.as_str(), is_app.as_str(), extra])
+    };
+    wait_until(WAIT, || {
+        let m = env.leader_metrics()?;
+        Ok(
+            app_metric(&m, "eddy_operator_app_phase", "phase=\"Running\"") == 1.0
+                && app_metric(&m, "eddy_operator_app_phase", "phase=\"Pending\"") == 0.0
+                && app_metric(
+                    &m,
+                    "eddy_operator_app_condition",
+                    "condition=\"Ready\",status=\"True\"",
+                ) == 1.0
+                && app_metric(&m, "eddy_operator_app_ready_replicas", "") == 2.0
+                && app_metric(&m, "eddy_operator_app_desired_replicas", "") == 2.0
+                && app_metric(&m, "eddy_operator_app_assignment_generation", "") >= 1.0,
+        )
+    })
+    .with_context(|| {
+        format!(
+            "{}\n{}",
+            env.leader_metrics().unwrap_or_default(),
+            env.logs()
+        )
+    })?;
+    let m = env.leader_metrics()?;
+    let version = format!("{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+    ensure!(
+        m.contains(&format!("eddy_operator_build_info{version}")),
+        "{m}"
+    );
+    ensure!(
+        sum_metric(&m, "process_resident_memory_bytes", &[]) > 1e6,
+        "{m}"
+    );
+    for pod in [format!("{app}-0"), format!("{app}-1")] {
+        let w = env.pod_metrics(ns, &pod)?;
+        ensure!(
+            w.contains(&format!("eddy_build_info{version}")),
+            "{pod}: {w}"
+        );
+        ensure!(
+            sum_metric(&w, "process_cpu_seconds_total", &[]) > 0.0,
+            "{pod}: {w}"
+        );
+        ensure!(
+            sum_metric(&w, "process_resident_memory_bytes", &[]) > 1e6,
+            "{pod}: {w}"
+        );
+        ensure!(sum_metric(&w, "process_open_fds", &[]) > 3.0, "{pod}: {w}");
+        ensure!(
+            sum_metric(&w, "process_max_fds", &[]) >= 1024.0,
+            "{pod}: {w}"
+        );
+        let started = sum_metric(&w, "process_start_time_seconds", &[]);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs_f64();
+        ensure!(
+            started > now - 3600.0 && started <= now + 1.0,
+            "{pod} started at {started}, now is {now}"
+        );
+    }
+    // Each input partition's lag is shown once, by the worker reading it, naming its task.
+    let lag_series = |pods: usize| -> Result<Vec<String>> {
+        let mut series = Vec::new();
+        for i in 0..pods {
+            let w = env.pod_metrics(ns, &format!("{app}-{i}"))?;
+            series.extend(
+                w.lines()
+                    .filter_map(|l| l.strip_prefix("eddy_consumer_lag_records{"))
+                    .filter_map(|l| l.split_once('}').map(|(labels, _)| labels.to_string())),
+            );
+        }
+        series.sort();
+        Ok(series)
+    };
+    let one_per_partition = |pods: usize| -> Result<bool> {
+        let expected: Vec<String> = (0..4)
+            .map(|p| format!("topic=\"{input}\",partition=\"{p}\",task=\"0_{p}\""))
+            .collect();
+        Ok(lag_series(pods)? == expected)
+    };
+    wait_until(WAIT, || one_per_partition(2))
+        .with_context(|| format!("lag series: {:?}", lag_series(2)))?;
+
     // kubectl scale goes through the scale subresource to the StatefulSet.
     env.kubectl(&["-n", ns, "scale", "ssapp", &app, "--replicas=3"], None)?;
     wait_until(WAIT, || {
@@ -171,6 +260,9 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
         Ok(env.get(ns, &format!("ssapp/{app}"), "{.status.readyReplicas}") == "3")
     })
     .with_context(|| env.logs())?;
+    // Tasks moved to the new worker: the workers that let them go show no lag for them.
+    wait_until(WAIT, || one_per_partition(3))
+        .with_context(|| format!("lag series: {:?}", lag_series(3)))?;
 
     // A worker that lost its volume restores its tasks from the changelog: the status shows
     // the backlog while it does, and it falls back to 0. The changelog is named after the
@@ -215,16 +307,23 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
         None,
     )?;
     std::fs::remove_dir_all(&pvc_dir)?;
-    let mut max_backlog = 0i64;
+    let (mut max_backlog, mut max_backlog_metric) = (0i64, 0f64);
     wait_until(WAIT, || {
         let b: i64 = env
             .get(ns, &format!("ssapp/{app}"), "{.status.backlog}")
             .parse()
             .unwrap_or(0);
         max_backlog = max_backlog.max(b);
-        Ok(max_backlog > 0)
+        if let Ok(m) = env.leader_metrics() {
+            max_backlog_metric = max_backlog_metric.max(app_metric(
+                &m,
+                "eddy_operator_app_restore_backlog_records",
+                "",
+            ));
+        }
+        Ok(max_backlog > 0 && max_backlog_metric > 0.0)
     })
-    .with_context(|| env.logs())?;
+    .with_context(|| format!("status backlog {max_backlog}\n{}", env.logs()))?;
     wait_until(WAIT, || {
         Ok(
             env.get(ns, &format!("ssapp/{app}"), "{.status.backlog}") == "0"
@@ -257,6 +356,23 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
     let missing = app_yaml("missing-topic", 1, bs, "no-such-topic", &output, "");
     env.apply(ns, &missing)?;
     env.wait_degraded(ns, "missing-topic", "SourceTopicMissing")?;
+    let missing_metric = |name: &str, extra: &str| -> Result<f64> {
+        Ok(sum_metric(
+            &env.leader_metrics()?,
+            name,
+            &[in_ns.as_str(), "app=\"missing-topic\"", extra],
+        ))
+    };
+    wait_until(WAIT, || {
+        Ok(
+            missing_metric("eddy_operator_app_phase", "phase=\"Degraded\"")? == 1.0
+                && missing_metric(
+                    "eddy_operator_app_condition",
+                    "condition=\"Degraded\",status=\"True\"",
+                )? == 1.0,
+        )
+    })
+    .with_context(|| env.leader_metrics().unwrap_or_default())?;
     env.kubectl(&["-n", ns, "delete", "ssapp", "missing-topic"], None)?;
 
     ensure!(env.leaders() == 1.0, "still exactly one leader");
@@ -282,6 +398,12 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
     wait_until(WAIT, || {
         Ok(topics_with_prefix(&format!("{ns}.{app}-counts"))?.is_empty())
     })?;
+    // A deleted app leaves no series behind.
+    wait_until(WAIT, || {
+        let m = env.leader_metrics()?;
+        Ok(!m.lines().any(|l| l.contains(&in_ns)))
+    })
+    .with_context(|| env.leader_metrics().unwrap_or_default())?;
     Ok(())
 }
 

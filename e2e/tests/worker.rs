@@ -138,12 +138,13 @@ fn rekeyed_counts_and_sums_survive_restarts() -> Result<()> {
     let mut w = Worker::start(&yaml, dir.path())?;
     w.wait_ready(READY)?;
     wait_until(DONE, || Ok(spend(&output, 3)? == expected))?;
-    // librdkafka's statistics (every 5 s) feed the lag of every input partition.
+    // librdkafka's statistics (every 5 s) feed the lag of every input partition, named by
+    // its task.
     wait_until(DONE, || {
         let m = w.metrics()?;
         Ok((0..4).all(|p| {
             m.contains(&format!(
-                "eddy_consumer_lag_records{{topic=\"{input}\",partition=\"{p}\"}} 0"
+                "eddy_consumer_lag_records{{topic=\"{input}\",partition=\"{p}\",task=\"0_{p}\"}} 0"
             ))
         }))
     })?;

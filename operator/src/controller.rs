@@ -8,7 +8,7 @@
 
 use crate::app::RawApp;
 use crate::kafka;
-use crate::metrics::Metrics;
+use crate::metrics::{AppSeries, Metrics};
 use crate::placement::PodObserved;
 use crate::reconcile::{self, Foreign, KafkaFacts, Observed, Problem, Reason};
 use crate::resources::{self, Kind, Objects};
@@ -332,6 +332,12 @@ async fn reconcile_app(app: Arc<RawApp>, ctx: Arc<Ctx>) -> Result<Action, Error>
     .await
     .map_err(|e| Error::Finalizer(e.to_string()));
     ctx.metrics.observe(started.elapsed(), result.is_ok());
+    // An app gone without a cleanup this replica saw (its finalizer removed by hand).
+    ctx.metrics.retain_apps(|ns, name| {
+        ctx.apps
+            .get(&ObjectRef::<RawApp>::new(name).within(ns))
+            .is_some()
+    });
     result
 }
 
@@ -404,6 +410,8 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
             tracing::warn!(app = %raw.id(), "spec cannot be read: {e}");
             let desired = reconcile::unreadable(&raw.metadata, &prev, &e, &now);
             patch_status(raw, ctx, &desired.status).await?;
+            ctx.metrics
+                .set_app(&ns, &name, &AppSeries::of(&desired.status, None));
             publish(ctx, raw, &desired.events).await;
             return Ok(Action::requeue(Duration::from_secs(15)));
         }
@@ -495,6 +503,11 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         desired.add_problems(&prev, app.metadata.generation, refused, &now);
     }
     patch_status(raw, ctx, &desired.status).await?;
+    ctx.metrics.set_app(
+        &ns,
+        &name,
+        &AppSeries::of(&desired.status, Some(reconcile::acceptable_lag(&app))),
+    );
     if let Some(a) = &desired.status.assignment {
         ctx.wrote_generation(&uid, a.generation);
     }
@@ -713,6 +726,8 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> Option<se
 /// unreachable Kafka is reported and the finalizer goes.
 async fn cleanup(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     ctx.forget(&raw.uid().unwrap_or_default());
+    ctx.metrics
+        .remove_app(&raw.namespace().unwrap_or_default(), &raw.name_any());
     let warn = |reason: &'static str, note: String| async move {
         tracing::warn!(app = %raw.id(), "{note}");
         let regarding = raw.object_ref(&());

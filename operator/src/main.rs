@@ -104,7 +104,15 @@ async fn run(
             "/metrics",
             get(move || {
                 let m = m.clone();
-                async move { m.encode() }
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                }
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
@@ -131,8 +139,12 @@ async fn run(
     .await;
     metrics.leader.set(1);
     tracing::info!("leading: reconciling StatefulStreamApps in {scope}");
-    tokio::select! {
+    let result = tokio::select! {
         _ = controller::run(client, metrics.clone(), identity, scope) => Ok(()),
-        _ = lost => anyhow::bail!("lost the leader lease: stopping so a follower takes over"),
-    }
+        _ = lost => Err(anyhow::anyhow!("lost the leader lease: stopping so a follower takes over")),
+    };
+    // Only the leader shows the apps (a scrape between here and the exit must not show two).
+    metrics.leader.set(0);
+    metrics.clear_apps();
+    result
 }

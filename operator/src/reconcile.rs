@@ -310,7 +310,8 @@ pub fn reconcile(
 }
 
 /// `warmup.acceptableRecoveryLag`, defaulted.
-fn acceptable_lag(app: &StatefulStreamApp) -> i64 {
+/// `warmup.acceptableRecoveryLag`, or its default.
+pub fn acceptable_lag(app: &StatefulStreamApp) -> i64 {
     app.spec
         .warmup
         .as_ref()

@@ -7,6 +7,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::collections::HashSet;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -40,6 +42,8 @@ pub enum TaskStateLabel {
 pub struct PartitionLabels {
     pub topic: String,
     pub partition: i32,
+    /// The task reading the partition (`<subtopology>_<partition>`).
+    pub task: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -82,6 +86,8 @@ pub struct Metrics {
     pub standby_tasks: Family<RoleLabels, Gauge>,
     pub standby_lag: Family<StoreLabels, Gauge>,
     pub standby_updated: Family<StoreLabels, Counter>,
+    /// The partitions `consumer_lag` has series for (a Family cannot list its own).
+    lag_partitions: Mutex<HashSet<PartitionLabels>>,
 }
 
 impl Default for Metrics {
@@ -92,7 +98,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("eddy");
+        let mut registry = Registry::default();
         let m = Metrics {
             records_processed: Family::default(),
             commit_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
@@ -112,9 +118,11 @@ impl Metrics {
             standby_tasks: Family::default(),
             standby_lag: Family::default(),
             standby_updated: Family::default(),
+            lag_partitions: Mutex::default(),
             registry: Registry::default(),
         };
-        let r = &mut registry;
+        let r = registry.sub_registry_with_prefix("eddy");
+        eddy_telemetry::register_build_info(r, env!("CARGO_PKG_VERSION"));
         r.register(
             "records_processed",
             "Input records processed, per task",
@@ -168,7 +176,7 @@ impl Metrics {
         );
         r.register(
             "consumer_lag_records",
-            "Records between the committed position and the end of an input partition",
+            "Records between the position and the end of an input partition, per task (librdkafka's statistics, every 5 s)",
             m.consumer_lag.clone(),
         );
         r.register(
@@ -201,6 +209,8 @@ impl Metrics {
             "Changelog records applied to standby and warm-up stores, per task and store",
             m.standby_updated.clone(),
         );
+        // Standard names, without the prefix.
+        eddy_telemetry::register_process_metrics(&mut registry);
         Metrics { registry, ..m }
     }
 
@@ -214,6 +224,47 @@ impl Metrics {
                     state: s,
                 })
                 .set(i64::from(s == state));
+        }
+    }
+
+    /// The consumer lag of every input partition the consumer fetches now (None: not known
+    /// this time, the last value stays). Partitions it no longer fetches lose their series,
+    /// so a task that moved to another worker leaves no lag behind here.
+    pub fn set_consumer_lags(&self, lags: Vec<(PartitionLabels, Option<i64>)>) {
+        let mut shown = self
+            .lag_partitions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now: HashSet<PartitionLabels> = lags.iter().map(|(l, _)| l.clone()).collect();
+        for gone in shown.difference(&now) {
+            self.consumer_lag.remove(gone);
+        }
+        for (labels, lag) in lags {
+            if let Some(lag) = lag {
+                self.consumer_lag.get_or_create(&labels).set(lag);
+            }
+        }
+        *shown = now;
+    }
+
+    /// Remove the gauges of a task this worker let go (released, moved, its restore
+    /// cancelled): `/metrics` shows the tasks the worker holds, so a state or restore alert
+    /// never fires for a task that lives elsewhere now. Counters stay.
+    pub fn forget_task<'a>(&self, task: &str, stores: impl IntoIterator<Item = &'a str>) {
+        use TaskStateLabel::*;
+        for state in [CREATED, RESTORING, RUNNING, SUSPENDED, CLOSED] {
+            self.task_state.remove(&TaskStateLabels {
+                task: task.to_string(),
+                state,
+            });
+        }
+        for store in stores {
+            let labels = StoreLabels {
+                task: task.to_string(),
+                store: store.to_string(),
+            };
+            self.restore_remaining.remove(&labels);
+            self.restore_rate.remove(&labels);
         }
     }
 

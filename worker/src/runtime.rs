@@ -150,14 +150,22 @@ fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> RuntimeError {
 /// and notices input partitions left without a known leader.
 struct LagReporter {
     metrics: Arc<Metrics>,
+    /// The sub-topology reading each input topic: a partition's task is `<sub>_<partition>`.
+    subtopologies: HashMap<String, u32>,
     /// Since when some fetched partition has had no known leader (None: all have one).
     leaderless_since: Mutex<Option<Instant>>,
 }
 
 impl LagReporter {
-    fn new(metrics: Arc<Metrics>) -> Self {
+    fn new(metrics: Arc<Metrics>, cfg: &WorkerConfig) -> Self {
         Self {
             metrics,
+            subtopologies: cfg
+                .topology
+                .subtopologies
+                .iter()
+                .map(|s| (s.source.topic.clone(), s.id))
+                .collect(),
             leaderless_since: Mutex::new(None),
         }
     }
@@ -175,24 +183,28 @@ impl LagReporter {
 impl ClientContext for LagReporter {
     fn stats(&self, stats: Statistics) {
         let mut leaderless = false;
+        let mut lags = Vec::new();
         for (topic, t) in stats.topics {
+            let sub = self.subtopologies.get(&topic).copied();
             for (p, part) in t.partitions {
                 if p < 0 {
                     continue;
                 }
                 leaderless |=
                     part.leader < 0 && !matches!(part.fetch_state.as_str(), "none" | "stopped");
-                if part.consumer_lag >= 0 {
-                    self.metrics
-                        .consumer_lag
-                        .get_or_create(&PartitionLabels {
-                            topic: topic.clone(),
-                            partition: p,
-                        })
-                        .set(part.consumer_lag);
+                // Partitions known from metadata but not assigned (any more) are listed too.
+                if matches!(part.fetch_state.as_str(), "none" | "stopping" | "stopped") {
+                    continue;
                 }
+                let labels = PartitionLabels {
+                    task: sub.map_or_else(String::new, |s| TaskId::new(s, p).to_string()),
+                    topic: topic.clone(),
+                    partition: p,
+                };
+                lags.push((labels, input_lag(&part)));
             }
         }
+        self.metrics.set_consumer_lags(lags);
         if let Ok(mut since) = self.leaderless_since.lock() {
             match (leaderless, *since) {
                 (true, None) => *since = Some(Instant::now()),
@@ -203,6 +215,28 @@ impl ClientContext for LagReporter {
     }
 }
 impl ConsumerContext for LagReporter {}
+
+/// Records between the consumer's position in a partition and its end (the last stable
+/// offset: the consumer reads committed records only), or None when either is not known.
+/// librdkafka's own `consumer_lag` counts from the offset this consumer committed, which under
+/// exactly-once it never does (offsets go with the transaction), and its `consumer_lag_stored`
+/// is unknown until a record arrives after an assignment. With nothing prefetched the position
+/// is the next offset to fetch (past transaction markers), else the application's offset.
+fn input_lag(part: &rdkafka::statistics::Partition) -> Option<i64> {
+    let end = if part.ls_offset >= 0 {
+        part.ls_offset
+    } else {
+        part.hi_offset
+    };
+    let position = if part.fetchq_cnt == 0 && part.next_offset >= 0 {
+        part.next_offset
+    } else if part.app_offset >= 0 {
+        part.app_offset
+    } else {
+        part.next_offset
+    };
+    (end >= 0 && position >= 0).then(|| (end - position).max(0))
+}
 
 /// Run the app until `status.shutdown` is set or an error that retrying cannot fix.
 /// Standalone, the worker owns every task; under the operator (`status.follow_assignment`)
@@ -281,7 +315,7 @@ fn input_consumer(
     .set("enable.auto.commit", "false")
     .set("auto.offset.reset", "earliest")
     .set("isolation.level", "read_committed")
-    .create_with_context(LagReporter::new(metrics.clone()))
+    .create_with_context(LagReporter::new(metrics.clone(), cfg))
     .map(Arc::new)
     .map_err(kafka("creating the consumer"))
 }
@@ -635,6 +669,7 @@ impl Manager<'_> {
             for mut t in release {
                 tpl.add_partition(&t.input_topic, t.id.partition);
                 t.close()?;
+                t.forget_metrics();
                 if c.demote.contains(&t.id) {
                     given.insert(t.id, t.take_memory_stores());
                     tracing::info!(task = %t.id, "task demoted: its stores go on as a standby");
@@ -1067,11 +1102,14 @@ struct RestoreJob {
 type RestoreThread = std::thread::JoinHandle<(Vec<Task>, Result<Restored, RestoreError>)>;
 
 impl RestoreJob {
-    /// Stop restoring and drop the tasks (their stores keep what was restored).
+    /// Stop restoring and drop the tasks (their stores keep what was restored), and their
+    /// gauges (a cancelled restore's backlog would stay up for good).
     fn cancel(self) {
         self.cancel.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread {
-            let _ = t.join();
+        if let Some(t) = self.thread
+            && let Ok((tasks, _)) = t.join()
+        {
+            tasks.iter().for_each(Task::forget_metrics);
         }
     }
 }
@@ -1175,5 +1213,35 @@ impl Router {
             .iter()
             .find(|(n, _)| n == topic)
             .and_then(|(_, m)| m.get(&partition).copied())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::input_lag;
+    use rdkafka::statistics::Partition;
+
+    #[test]
+    fn input_lag_counts_from_the_position_not_a_commit() {
+        let p = |fetchq_cnt, next_offset, app_offset, ls_offset| Partition {
+            fetchq_cnt,
+            next_offset,
+            app_offset,
+            ls_offset,
+            hi_offset: ls_offset,
+            committed_offset: -1001,
+            consumer_lag: -1,
+            ..Default::default()
+        };
+        // Idle after an assignment (nothing consumed yet, nothing committed by this consumer).
+        assert_eq!(input_lag(&p(0, 500, -1001, 500)), Some(0));
+        // Past a transaction marker: the fetch position is past it, the last record is not.
+        assert_eq!(input_lag(&p(0, 501, 499, 501)), Some(0));
+        // Records prefetched and not processed yet count.
+        assert_eq!(input_lag(&p(200, 900, 700, 1000)), Some(300));
+        assert_eq!(input_lag(&p(200, 900, -1001, 1000)), Some(100));
+        // Nothing known yet (offset query in flight).
+        assert_eq!(input_lag(&p(0, -1001, -1001, 1000)), None);
+        assert_eq!(input_lag(&p(0, 10, -1001, -1001)), None);
     }
 }

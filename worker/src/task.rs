@@ -186,6 +186,14 @@ impl Task {
             .set_task_state(&self.labels.task, state_label(state));
     }
 
+    /// Remove this task's gauges: the worker lets the task go.
+    pub fn forget_metrics(&self) {
+        self.metrics.forget_task(
+            &self.labels.task,
+            self.stores.iter().map(|s| s.name.as_str()),
+        );
+    }
+
     pub fn transition(&mut self, state: TaskState) {
         self.state = state;
         self.set_state(state);
