@@ -334,9 +334,8 @@ async fn reconcile_app(app: Arc<RawApp>, ctx: Arc<Ctx>) -> Result<Action, Error>
     ctx.metrics.observe(started.elapsed(), result.is_ok());
     // An app gone without a cleanup this replica saw (its finalizer removed by hand).
     ctx.metrics.retain_apps(|ns, name| {
-        ctx.apps
-            .get(&ObjectRef::<RawApp>::new(name).within(ns))
-            .is_some()
+        let key = ObjectRef::<RawApp>::new(name).within(ns);
+        ctx.apps.iter().any(|store| store.get(&key).is_some())
     });
     result
 }
