@@ -111,9 +111,10 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
             continue;
         };
         let changed = last.as_ref() != Some(&report);
-        // The report that shows a copy caught up goes out at once too: the operator moves
-        // the task on it.
-        let hurry = catching_up(&report) || last.as_ref().is_some_and(catching_up);
+        // The report that shows a warm-up caught up goes out at once too: the operator moves
+        // the task on it. One that shows a restore over waits its turn, so the backlog stays
+        // in the status long enough to be seen.
+        let hurry = catching_up(&report) || last.as_ref().is_some_and(warming_up);
         let due = if changed && (urgent || hurry || last_sent.elapsed() >= every) {
             true
         } else {
@@ -155,6 +156,13 @@ fn catching_up(r: &WorkerStatus) -> bool {
     })
 }
 
+/// A warm-up has not caught up yet (or not reported its lag).
+fn warming_up(r: &WorkerStatus) -> bool {
+    r.tasks
+        .values()
+        .any(|t| t.role == TaskRole::Warmup && t.lag.is_none_or(|l| l > 0))
+}
+
 fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
@@ -191,7 +199,19 @@ mod tests {
             ..running.clone()
         };
         assert!(catching_up(&with(warmup.clone())));
+        assert!(warming_up(&with(warmup.clone())));
         assert!(!catching_up(&with(TaskStatus {
+            lag: Some(0),
+            ..warmup.clone()
+        })));
+        // After a warm-up the next report is hurried (the operator moves the task on it),
+        // after a restore it is not (the backlog stays visible).
+        assert!(!warming_up(&with(TaskStatus {
+            state: TaskState::Restoring,
+            restore_backlog: 10,
+            ..running.clone()
+        })));
+        assert!(!warming_up(&with(TaskStatus {
             lag: Some(0),
             ..warmup
         })));
