@@ -4,7 +4,7 @@
 
 use super::measure::{gaps, longest, longest_gap, percentile, since};
 use super::stage::{
-    Stage, all_tasks, baseline, log, near, opt3, partition_of, pause, round3, wall,
+    Stage, baseline, log, opt3, partition_of, pause, round3, scale_out_figures, wall,
 };
 use super::{ACCEPTABLE_LAG, Settings};
 use crate::k8s::{ControlPlane, Process};
@@ -425,51 +425,28 @@ pub fn scale_out(env: &EddyEnv, args: &Settings, warmups: bool) -> Result<Value>
     pause(args.settle_s);
     let t_end = stage.now();
     let after = w.latest().context("no status")?.actives();
-    let mut moved = Vec::new();
-    let mut pauses = Vec::new();
-    let mut handoffs = Vec::new();
-    let mut unmoved = Vec::new();
-    for task in all_tasks(args.partitions) {
-        let arrivals = stage.watch()?.arrivals(partition_of(&task));
-        let gap = longest_gap(&arrivals, t0, t_end);
-        match (before.get(&task), after.get(&task)) {
-            (Some(from), Some(to)) if from != to => {
-                pauses.push(gap.seconds());
-                let m = w.first(t0, |s| s.actives().get(&task) == Some(to));
-                let at_move = m.map(|m| near(&arrivals, m, t0, t_end));
-                if let Some(g) = at_move {
-                    handoffs.push(g.seconds());
-                }
-                moved.push(json!({
-                    "task": task, "from": from, "to": to,
-                    "pause_s": round3(gap.seconds()),
-                    "pause_from_s": round3(gap.start - t0),
-                    "pause_to_s": round3(gap.end - t0),
-                    "resumed": gap.resumed,
-                    "pause_at_move_s": opt3(at_move.map(|g| g.seconds())),
-                    "timeline": timeline(&w, t0, &task, to),
-                }));
-            }
-            _ => unmoved.push(gap.seconds()),
-        }
-    }
+    let figures = scale_out_figures(
+        &stage,
+        args.partitions,
+        (t0, t_end),
+        (&before, &after),
+        |task, to| w.first(t0, |s| s.actives().get(task).is_some_and(|p| p == to)),
+        |task, to, _| ("timeline", timeline(&w, t0, task, to)),
+    )?;
     let snaps = status_changes(&w, t0, t_end);
-    let result = json!({
+    let mut result = json!({
         "engine": "eddy",
         "case": case,
         "event": "kubectl scale --replicas=3 (from 2)",
         "event_at": wall(&stage, t0),
-        "tasks": moved.len(),
-        "pause_p99_s": opt3(percentile(&pauses, 0.99)),
-        "pause_max_s": opt3(pauses.iter().copied().reduce(f64::max)),
-        "pause_at_move_p99_s": opt3(percentile(&handoffs, 0.99)),
         "balanced_after_s": opt3(balanced.map(|t| t - t0)),
         "balance_wait_s": args.balance_wait_s,
-        "unmoved_gap_max_s": opt3(unmoved.iter().copied().reduce(f64::max)),
         "baseline": base,
-        "moved": moved,
         "status_changes": snaps,
     });
+    if let Value::Object(r) = &mut result {
+        r.extend(figures);
+    }
     drop(w);
     env.delete_app(&name)?;
     stage.finish(&topics_with_prefix(&app_id(&name))?)?;

@@ -5,7 +5,7 @@
 use super::Settings;
 use super::measure::{longest_gap, percentile, since};
 use super::stage::{
-    Stage, all_tasks, baseline, log, near, opt3, partition_of, pause, round3, wall,
+    Stage, baseline, log, opt3, partition_of, pause, round3, scale_out_figures, wall,
 };
 use crate::{bootstrap, topics_with_prefix, unique, wait_until};
 use anyhow::{Context as _, Result};
@@ -280,57 +280,44 @@ pub fn scale_out(jar: &Path, args: &Settings, logs: &Path) -> Result<Value> {
     pause(args.settle_s);
     let t_end = stage.now();
     let after = ks_actives(&mut inst);
-    let mut moved = Vec::new();
-    let mut pauses = Vec::new();
-    let mut handoffs = Vec::new();
-    let mut unmoved = Vec::new();
-    for task in all_tasks(args.partitions) {
-        let gap = longest_gap(&stage.watch()?.arrivals(partition_of(&task)), t0, t_end);
-        match (before.get(&task), after.get(&task)) {
-            (Some(from), Some(to)) if from != to => {
-                pauses.push(gap.seconds());
-                let m = ks_first_active(&inst[*to], &task, t0);
-                let arrivals = stage.watch()?.arrivals(partition_of(&task));
-                let at_move = m.map(|m| near(&arrivals, m, t0, t_end));
-                if let Some(g) = at_move {
-                    handoffs.push(g.seconds());
-                }
-                moved.push(json!({
-                    "task": task, "from": inst[*from].name, "to": inst[*to].name,
-                    "pause_s": round3(gap.seconds()),
-                    "pause_from_s": round3(gap.start - t0),
-                    "pause_to_s": round3(gap.end - t0),
-                    "resumed": gap.resumed,
-                    "moved_s": opt3(m.map(|t| t - t0)),
-                    "pause_at_move_s": opt3(at_move.map(|g| g.seconds())),
-                }));
-            }
-            _ => unmoved.push(gap.seconds()),
-        }
-    }
+    let name = |m: BTreeMap<String, usize>| -> BTreeMap<String, String> {
+        m.into_iter()
+            .map(|(t, i)| (t, inst[i].name.clone()))
+            .collect()
+    };
+    let (before, after) = (name(before), name(after));
+    let figures = scale_out_figures(
+        &stage,
+        args.partitions,
+        (t0, t_end),
+        (&before, &after),
+        |task, to| {
+            inst.iter()
+                .find(|i| i.name == to)
+                .and_then(|i| ks_first_active(i, task, t0))
+        },
+        |_, _, m| ("moved_s", opt3(m.map(|t| t - t0))),
+    )?;
     // What the new instance did meanwhile: its task lists over time (warm-ups show as standbys).
     let new_instance: Vec<Value> = inst[2]
         .all()
         .iter()
         .map(|s| json!({"t_s": round3(s.t - t0), "state": s.state, "active": s.active, "standby": s.standby}))
         .collect();
-    let result = json!({
+    let mut result = json!({
         "engine": "kafka-streams",
         "case": "scale-out",
         "event": "a third instance started (2 running)",
         "config": config,
         "event_at": wall(&stage, t0),
-        "tasks": moved.len(),
-        "pause_p99_s": opt3(percentile(&pauses, 0.99)),
-        "pause_max_s": opt3(pauses.iter().copied().reduce(f64::max)),
-        "pause_at_move_p99_s": opt3(percentile(&handoffs, 0.99)),
         "balanced_after_s": opt3(balanced.map(|t| t - t0)),
         "balance_wait_s": args.ks_balance_wait_s,
-        "unmoved_gap_max_s": opt3(unmoved.iter().copied().reduce(f64::max)),
         "baseline": base,
-        "moved": moved,
         "new_instance": new_instance,
     });
+    if let Value::Object(r) = &mut result {
+        r.extend(figures);
+    }
     for i in &mut inst {
         i.stop();
     }

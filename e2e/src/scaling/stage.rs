@@ -8,6 +8,7 @@ use super::measure::{
 use crate::{create_topic, delete_topics, unique, wait_until};
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -174,4 +175,60 @@ pub fn baseline(stage: &Stage, t0: f64, secs: f64, partitions: i32) -> Result<Va
 /// Sleep while a condition of the system settles (a benchmark, not a test: it waits on purpose).
 pub fn pause(secs: f64) {
     std::thread::sleep(Duration::from_secs_f64(secs.max(0.0)));
+}
+
+/// The figures of a scale-out that both engines share, between `t0` (the event) and `t_end`:
+/// per task that changed hands between `before` and `after` (task → owner) its pause, the
+/// pause at the move (`moved_at(task, new owner)`: when the move happened) and what
+/// `detail(task, new owner, move time)` adds as its (key, value); the longest gap of the tasks
+/// that did not move.
+pub fn scale_out_figures(
+    stage: &Stage,
+    partitions: i32,
+    (t0, t_end): (f64, f64),
+    (before, after): (&BTreeMap<String, String>, &BTreeMap<String, String>),
+    moved_at: impl Fn(&str, &str) -> Option<f64>,
+    detail: impl Fn(&str, &str, Option<f64>) -> (&'static str, Value),
+) -> Result<serde_json::Map<String, Value>> {
+    let mut moved = Vec::new();
+    let mut pauses = Vec::new();
+    let mut handoffs = Vec::new();
+    let mut unmoved = Vec::new();
+    for task in all_tasks(partitions) {
+        let arrivals = stage.watch()?.arrivals(partition_of(&task));
+        let gap = longest_gap(&arrivals, t0, t_end);
+        match (before.get(&task), after.get(&task)) {
+            (Some(from), Some(to)) if from != to => {
+                pauses.push(gap.seconds());
+                let m = moved_at(&task, to);
+                let at_move = m.map(|m| near(&arrivals, m, t0, t_end));
+                if let Some(g) = at_move {
+                    handoffs.push(g.seconds());
+                }
+                let (key, value) = detail(&task, to, m);
+                let mut one = json!({
+                    "task": task, "from": from, "to": to,
+                    "pause_s": round3(gap.seconds()),
+                    "pause_from_s": round3(gap.start - t0),
+                    "pause_to_s": round3(gap.end - t0),
+                    "resumed": gap.resumed,
+                    "pause_at_move_s": opt3(at_move.map(|g| g.seconds())),
+                });
+                one[key] = value;
+                moved.push(one);
+            }
+            _ => unmoved.push(gap.seconds()),
+        }
+    }
+    let Value::Object(figures) = json!({
+        "tasks": moved.len(),
+        "pause_p99_s": opt3(percentile(&pauses, 0.99)),
+        "pause_max_s": opt3(pauses.iter().copied().reduce(f64::max)),
+        "pause_at_move_p99_s": opt3(percentile(&handoffs, 0.99)),
+        "unmoved_gap_max_s": opt3(unmoved.iter().copied().reduce(f64::max)),
+        "moved": moved,
+    }) else {
+        unreachable!("json! of an object literal")
+    };
+    Ok(figures)
 }
