@@ -733,6 +733,7 @@ impl Manager<'_> {
             cancel: Arc::new(AtomicBool::new(false)),
             started: false,
             thread: None,
+            committed: None,
         });
         Ok(())
     }
@@ -764,8 +765,10 @@ impl Manager<'_> {
                 i += 1;
                 continue;
             }
-            let job = self.jobs.remove(i);
-            let Some(thread) = job.thread else { continue };
+            let mut job = self.jobs.remove(i);
+            let (Some(thread), Some(committed)) = (job.thread.take(), job.committed.take()) else {
+                continue;
+            };
             let (added, result) = thread
                 .join()
                 .map_err(|_| RuntimeError::Restore(RestoreError::Interrupted))?;
@@ -773,7 +776,7 @@ impl Manager<'_> {
             if let Ok(mut r) = self.status.restored.lock() {
                 *r = restored;
             }
-            self.run_restored(added)?;
+            self.run_restored(added, committed)?;
             started = true;
         }
         if started {
@@ -801,6 +804,20 @@ impl Manager<'_> {
                 t.give_memory_stores(memory);
             }
         }
+        // The committed offsets are read before the changelogs: every changelog write of a
+        // record below them was flushed before they were committed, so the restore has it
+        // even if a previous owner was still committing when the tasks were taken. On a fresh
+        // cluster the group coordinator may still be loading: retry those answers.
+        let mut tpl = TopicPartitionList::new();
+        for t in &added {
+            tpl.add_partition(&t.input_topic, t.id.partition);
+        }
+        let committed = retry(Duration::from_secs(60), || {
+            self.consumer
+                .committed_offsets(tpl.clone(), Duration::from_secs(30))
+        })
+        .map_err(kafka("reading committed offsets"))?;
+        self.jobs[i].committed = Some(committed);
         let cfg = self.cfg.clone();
         let (metrics, status) = (self.metrics.clone(), self.status.clone());
         let cancel = self.jobs[i].cancel.clone();
@@ -818,22 +835,16 @@ impl Manager<'_> {
         Ok(())
     }
 
-    /// Restored tasks resume their input partitions where the last commit left them, and run.
-    fn run_restored(&mut self, mut added: Vec<Task>) -> Result<(), RuntimeError> {
+    /// Restored tasks resume their input partitions where the last commit left them
+    /// (`committed`, read before their restore began), and run.
+    fn run_restored(
+        &mut self,
+        mut added: Vec<Task>,
+        committed: TopicPartitionList,
+    ) -> Result<(), RuntimeError> {
         let Some(producer) = self.producer.clone() else {
             return Err(RuntimeError::NoGroupMetadata);
         };
-        // Resume each input partition where the last commit left it. On a fresh cluster the
-        // group coordinator may still be loading: retry those answers.
-        let mut tpl = TopicPartitionList::new();
-        for t in &added {
-            tpl.add_partition(&t.input_topic, t.id.partition);
-        }
-        let committed = retry(Duration::from_secs(60), || {
-            self.consumer
-                .committed_offsets(tpl.clone(), Duration::from_secs(30))
-        })
-        .map_err(kafka("reading committed offsets"))?;
         // Knowing the partition leaders before assigning lets the first fetch go out at once
         // instead of after librdkafka's own metadata refresh (about half a second).
         let mut topics: Vec<&str> = added.iter().map(|t| t.input_topic.as_str()).collect();
@@ -1097,6 +1108,8 @@ struct RestoreJob {
     started: bool,
     /// The restoring thread, which hands the tasks back with the outcome.
     thread: Option<RestoreThread>,
+    /// The input offsets committed when the restore began, where the tasks resume.
+    committed: Option<TopicPartitionList>,
 }
 
 type RestoreThread = std::thread::JoinHandle<(Vec<Task>, Result<Restored, RestoreError>)>;
