@@ -116,6 +116,12 @@ pub struct PodTasks {
     /// active here.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warmup: Vec<String>,
+    /// The run of the pod's worker this entry was made for (its report's `incarnation`),
+    /// once the operator has seen it report. A worker takes the tasks of an entry made for it
+    /// only: a restarted one does not act on what was decided for its previous run while the
+    /// operator may be failing that run over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
 }
 
 /// One worker's report.
@@ -131,6 +137,10 @@ pub struct WorkerStatus {
     /// RFC 3339 time of the report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated: Option<String>,
+    /// Which run of the worker process made the report (when it started, unique per pod):
+    /// the operator names it in the assignment it makes for that run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
     /// Why the worker is not processing right now, while it waits for something to come
     /// back (Kafka, disk space) and retries from its last commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]

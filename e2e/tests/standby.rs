@@ -56,8 +56,24 @@ struct Setup<'a> {
 impl Setup<'_> {
     /// Write `status.assignment` as the operator would: replaced as a whole (a merge patch
     /// would merge the pods' lists with the previous generation's), the workers' reports
-    /// left alone.
-    fn assign(&self, generation: i64, pods: Value) -> Result<()> {
+    /// left alone, each pod's entry naming the run of its worker that reported last (a
+    /// worker takes only an entry made for its own run).
+    fn assign(&self, generation: i64, mut pods: Value) -> Result<()> {
+        let names: Vec<String> = pods
+            .as_object()
+            .context("pods is an object")?
+            .keys()
+            .cloned()
+            .collect();
+        for pod in names {
+            let mut run = Value::Null;
+            wait_until(WAIT, || {
+                run = self.report(&pod)?["incarnation"].clone();
+                Ok(run.is_string())
+            })
+            .with_context(|| format!("{pod} reports no incarnation"))?;
+            pods[&pod]["incarnation"] = run;
+        }
         let assignment = json!({
             "generation": generation,
             "partitions": [PARTITIONS],
@@ -201,10 +217,10 @@ fn standby_takes_over(guarantee: &str) -> Result<()> {
             app: app.clone(),
         };
         let all: Vec<String> = (0..PARTITIONS).map(|p| format!("0_{p}")).collect();
-        s.assign(1, json!({"w0": {"active": all}, "w1": {"standby": all}}))?;
         let dir = tempfile::tempdir()?;
         let mut w0 = worker(&cp, &yaml, &ns, &app_id, "w0", dir.path())?;
         let mut w1 = worker(&cp, &yaml, &ns, &app_id, "w1", dir.path())?;
+        s.assign(1, json!({"w0": {"active": all}, "w1": {"standby": all}}))?;
         w0.wait_ready(WAIT)?;
         // Only standbys: Ready all the same (a rolling update must not stall on it).
         w1.wait_ready(WAIT)?;
@@ -273,9 +289,33 @@ fn standby_takes_over(guarantee: &str) -> Result<()> {
         // only what was written while it was away, not the whole changelog again.
         produce_counts(&input, 5 * KEYS)?;
         wait_until(WAIT, || counted(&output, 35, eos)).with_context(|| w1.logs())?;
+        let old_run = s.report("w0")?["incarnation"].clone();
         let mut w0 = worker(&cp, &yaml, &ns, &app_id, "w0", dir.path())?;
+        // Its entry was made for its previous run: it applies it holding nothing and waits
+        // for one made for this run.
+        wait_until(WAIT, || {
+            let r = s.report("w0")?;
+            Ok(r["incarnation"].is_string()
+                && r["incarnation"] != old_run
+                && r["appliedGeneration"].as_i64() == Some(2))
+        })
+        .with_context(|| w0.logs())?;
+        ensure!(
+            w0.logs()
+                .contains("decided before the operator saw this run"),
+            "{}",
+            w0.logs()
+        );
+        ensure!(
+            s.report("w0")?["tasks"]
+                .as_object()
+                .is_none_or(|t| t.is_empty()),
+            "a restarted worker took the tasks of its previous run's entry:\n{}",
+            w0.logs()
+        );
+        s.assign(3, json!({"w0": {"standby": all}, "w1": {"active": all}}))?;
         w0.wait_ready(WAIT)?;
-        wait_until(WAIT, || s.holds_all("w0", 2, "STANDBY"))
+        wait_until(WAIT, || s.holds_all("w0", 3, "STANDBY"))
             .with_context(|| format!("{:#}\n{}", s.report("w0").unwrap_or_default(), w0.logs()))?;
         let changelog_records: i64 = (0..PARTITIONS)
             .map(|p| watermarks(&changelog, p).map(|(_, high)| high))

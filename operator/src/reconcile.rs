@@ -9,6 +9,7 @@ use crate::app::AppClaim;
 use crate::placement::{self, PodObserved};
 use crate::resources::{self, Kind, Objects};
 use eddy_crds::resource::{AppStatus, Condition, Phase, StatefulStreamApp, TaskState};
+use eddy_crds::spec::ProcessingGuarantee;
 use eddy_crds::topics::{self, InternalTopic};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -336,7 +337,8 @@ fn place(
         let names = placement::pods_to_watch(name, replicas, prev.assignment.as_ref());
         // An unreadable clock (unit tests pass labels) judges no report stale.
         let now = now.parse().unwrap_or(k8s_openapi::jiff::Timestamp::MIN);
-        placement::health::assess(&names, pods, &prev.workers, now)
+        let fenced = app.spec.processing_guarantee == ProcessingGuarantee::ExactlyOnce;
+        placement::health::assess(&names, pods, &prev.workers, now, fenced)
     });
     let stateful: Vec<bool> = layout.iter().map(|s| !s.stores.is_empty()).collect();
     let warmup = app.spec.warmup.clone().unwrap_or_default();
@@ -745,8 +747,7 @@ mod tests {
                             )
                         })
                         .collect(),
-                    updated: None,
-                    problem: None,
+                    ..Default::default()
                 },
             );
         }

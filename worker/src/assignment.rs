@@ -6,8 +6,8 @@
 //! at once after applying a generation, every 250 ms while something restores or a warm-up
 //! catches up, and at least every [`REPORT_HEARTBEAT_SECONDS`] as a heartbeat.
 
-use crate::status::{Desired, Peer, Status};
-use eddy_crds::TaskId;
+use crate::plan::Desired;
+use crate::status::{Peer, Status};
 use eddy_crds::resource::{
     REPORT_HEARTBEAT_SECONDS, StatefulStreamApp, TaskRole, TaskState, WorkerStatus,
 };
@@ -26,6 +26,20 @@ pub struct Link {
     pub app: String,
     /// The pod name.
     pub pod: String,
+    /// This run of the worker (its start time): reported, and named by the assignment
+    /// entries the operator makes for it.
+    pub incarnation: String,
+}
+
+impl Link {
+    pub fn new(namespace: String, app: String, pod: String) -> Link {
+        Link {
+            namespace,
+            app,
+            pod,
+            incarnation: now_rfc3339(),
+        }
+    }
 }
 
 /// Watch the app and feed this pod's tasks to the processing loop.
@@ -66,25 +80,22 @@ pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::
         let Some(a) = st.assignment else {
             continue;
         };
-        let ids = |v: Option<&Vec<String>>| -> Vec<TaskId> {
-            v.map(|v| v.iter().filter_map(|t| t.parse().ok()).collect())
-                .unwrap_or_default()
-        };
-        let mine = a.pods.get(&link.pod);
-        let desired = Desired {
-            generation: a.generation,
-            active: ids(mine.map(|p| &p.active)),
-            standby: ids(mine.map(|p| &p.standby)),
-            warmup: ids(mine.map(|p| &p.warmup)),
-            down: a.down.clone(),
-            pods: a.pods.keys().cloned().collect(),
-        };
+        let desired = Desired::from_assignment(&a, &link.pod, &link.incarnation);
         if let Ok(mut d) = status.desired.lock()
             && d.as_ref().map(|d| d.generation) != Some(a.generation)
         {
             tracing::info!(generation = a.generation, active = ?desired.active,
                 standby = ?desired.standby, warmup = ?desired.warmup, down = ?desired.down,
                 "new assignment");
+            if a.pods.get(&link.pod).is_some_and(|p| {
+                p.incarnation.as_deref() != Some(link.incarnation.as_str())
+                    && !(p.active.is_empty() && p.standby.is_empty() && p.warmup.is_empty())
+            }) {
+                tracing::info!(
+                    generation = a.generation,
+                    "this pod's tasks in the assignment were decided before the operator saw this run of its worker: waiting for an assignment made for this run"
+                );
+            }
             *d = Some(desired);
         }
     }
@@ -126,6 +137,7 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
         }
         let sent = report.clone();
         report.updated = Some(now_rfc3339());
+        report.incarnation = Some(link.incarnation.clone());
         let patch = serde_json::json!({
             "apiVersion": eddy_crds::API_VERSION,
             "kind": eddy_crds::KIND,

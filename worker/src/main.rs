@@ -197,14 +197,14 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     // Under the operator (EDDY_ASSIGNMENT=operator, set in the pod template) the worker runs
     // the tasks assigned to its pod instead of all of them.
     let link = match std::env::var("EDDY_ASSIGNMENT").as_deref() {
-        Ok("operator") => Some(eddy_worker::assignment::Link {
-            namespace: std::env::var("EDDY_NAMESPACE")
+        Ok("operator") => Some(eddy_worker::assignment::Link::new(
+            std::env::var("EDDY_NAMESPACE")
                 .context("EDDY_NAMESPACE must name the app's namespace")?,
-            app: cfg.resource_name.clone().context(
+            cfg.resource_name.clone().context(
                 "under the operator the app file must be a whole StatefulStreamApp manifest",
             )?,
-            pod: cfg.instance_id.clone(),
-        }),
+            cfg.instance_id.clone(),
+        )),
         Ok("all") | Err(_) => None,
         Ok(other) => anyhow::bail!("EDDY_ASSIGNMENT={other:?}: expected `operator` or `all`"),
     };

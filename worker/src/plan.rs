@@ -4,7 +4,7 @@
 //! behind a copy of a store is ([`lag`]).
 
 use eddy_crds::TaskId;
-use eddy_crds::resource::TaskRole;
+use eddy_crds::resource::{Assignment, TaskRole};
 use std::collections::HashMap;
 
 /// The operator's assignment for this pod (`status.assignment`), or, standalone, every task
@@ -25,6 +25,27 @@ pub struct Desired {
 }
 
 impl Desired {
+    /// What `assignment` gives `pod`, whose worker run is `incarnation`. An entry made for
+    /// another run (the previous one, before a restart, or none yet) gives nothing: the
+    /// operator may be failing that run's tasks over while it decides, so this run waits
+    /// for an entry naming it (made once the operator has seen it report).
+    pub fn from_assignment(assignment: &Assignment, pod: &str, incarnation: &str) -> Desired {
+        let ids =
+            |v: &[String]| -> Vec<TaskId> { v.iter().filter_map(|t| t.parse().ok()).collect() };
+        let mine = assignment
+            .pods
+            .get(pod)
+            .filter(|p| p.incarnation.as_deref() == Some(incarnation));
+        Desired {
+            generation: assignment.generation,
+            active: mine.map(|p| ids(&p.active)).unwrap_or_default(),
+            standby: mine.map(|p| ids(&p.standby)).unwrap_or_default(),
+            warmup: mine.map(|p| ids(&p.warmup)).unwrap_or_default(),
+            down: assignment.down.clone(),
+            pods: assignment.pods.keys().cloned().collect(),
+        }
+    }
+
     /// The standby and warm-up tasks, with their role. A task listed as active is active
     /// only; one listed as both standby and warm-up is a warm-up.
     pub fn replicas(&self) -> Vec<(TaskId, TaskRole)> {
@@ -213,6 +234,41 @@ mod tests {
 
     fn ids(v: &[i32]) -> Vec<TaskId> {
         v.iter().map(|p| TaskId::new(0, *p)).collect()
+    }
+
+    #[test]
+    fn a_worker_takes_only_the_entry_made_for_its_own_run() {
+        use eddy_crds::resource::PodTasks;
+        let entry = |run: Option<&str>| PodTasks {
+            active: vec!["0_1".into()],
+            warmup: vec!["0_2".into()],
+            incarnation: run.map(str::to_string),
+            ..Default::default()
+        };
+        let assignment = |run| Assignment {
+            generation: 7,
+            partitions: vec![4],
+            pods: [
+                ("a-0".to_string(), entry(run)),
+                ("a-1".to_string(), PodTasks::default()),
+            ]
+            .into(),
+            down: vec!["a-2".into()],
+        };
+        let mine = Desired::from_assignment(&assignment(Some("run-2")), "a-0", "run-2");
+        assert_eq!((mine.active, mine.warmup), (ids(&[1]), ids(&[2])));
+        assert_eq!(mine.down, ["a-2"]);
+        assert_eq!(mine.pods, ["a-0", "a-1"]);
+        // Made for the previous run, or before the operator saw any: nothing, same generation
+        // (applying it reports this run holds nothing).
+        for run in [Some("run-1"), None] {
+            let d = Desired::from_assignment(&assignment(run), "a-0", "run-2");
+            assert!(
+                d.active.is_empty() && d.standby.is_empty() && d.warmup.is_empty(),
+                "{run:?}"
+            );
+            assert_eq!(d.generation, 7);
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Is a pod up? What the operator sees of a worker pod (its Pod object and its worker's
-//! report), reduced to up, or down with the cause. Readiness is deliberately not part of it:
-//! a worker restoring its tasks is not Ready, and failing it over would restart the restore
-//! somewhere else.
+//! report), reduced to up, stopping, or down with the cause. Readiness is deliberately not
+//! part of it: a worker restoring its tasks is not Ready, and failing it over would restart
+//! the restore somewhere else.
 
 use eddy_crds::resource::{STALE_REPORT_SECONDS, WorkerStatus};
 use k8s_openapi::jiff::Timestamp;
@@ -63,6 +63,10 @@ pub enum Health {
     /// Starting, or running without a report from its current container yet: it may get
     /// tasks, but a pod failed over stays in `assignment.down` until it reports.
     Starting,
+    /// Terminating under at-least-once, its last report still fresh: its worker may be
+    /// committing its last batch and nothing can fence it, so its tasks stay until its
+    /// container stops (a new owner restoring meanwhile would miss its last changelog writes).
+    Stopping,
     Down(DownCause),
 }
 
@@ -75,22 +79,36 @@ impl Health {
 /// The health of each pod named in `names`, from the observed pods (absent: no Pod object),
 /// the workers' reports and the time. A report counts only when the pod's current container
 /// made it (not older than its start: a restarted pod's previous report says nothing of it);
-/// the container and the worker share the node's clock.
+/// the container and the worker share the node's clock. `fenced`: the app runs exactly-once,
+/// so a terminating pod's tasks can move at once (their new owners fence it); otherwise a
+/// terminating pod is [`Health::Stopping`] until gone, or silent.
 pub fn assess<'a>(
     names: impl IntoIterator<Item = &'a String>,
     pods: &BTreeMap<String, PodObserved>,
     reports: &BTreeMap<String, WorkerStatus>,
     now: Timestamp,
+    fenced: bool,
 ) -> BTreeMap<String, Health> {
     let secs = |since: Timestamp| {
         u64::try_from(now.as_second().saturating_sub(since.as_second())).unwrap_or(0)
+    };
+    let last_report = |name: &String| {
+        reports
+            .get(name)
+            .and_then(|w| w.updated.as_deref())
+            .and_then(|u| u.parse::<Timestamp>().ok())
     };
     names
         .into_iter()
         .map(|name| {
             let health = match pods.get(name) {
                 None => Health::Down(DownCause::Gone),
-                Some(PodObserved::Terminating) => Health::Down(DownCause::Terminating),
+                Some(PodObserved::Terminating) if fenced => Health::Down(DownCause::Terminating),
+                Some(PodObserved::Terminating) => match last_report(name) {
+                    Some(u) if secs(u) <= STALE_REPORT_SECONDS => Health::Stopping,
+                    Some(u) => Health::Down(DownCause::Silent(secs(u))),
+                    None => Health::Down(DownCause::Terminating),
+                },
                 Some(PodObserved::Failing { reason }) => {
                     Health::Down(DownCause::NotRunning(reason.clone()))
                 }
@@ -99,11 +117,7 @@ pub fn assess<'a>(
                 }
                 Some(PodObserved::Starting { .. }) => Health::Starting,
                 Some(PodObserved::Running { started }) => {
-                    let report = reports
-                        .get(name)
-                        .and_then(|w| w.updated.as_deref())
-                        .and_then(|u| u.parse::<Timestamp>().ok())
-                        .filter(|u| u >= started);
+                    let report = last_report(name).filter(|u| u >= started);
                     match report {
                         Some(u) if secs(u) > STALE_REPORT_SECONDS => {
                             Health::Down(DownCause::Silent(secs(u)))
@@ -136,11 +150,48 @@ mod tests {
         }
     }
 
+    /// Under exactly-once.
     fn one(pod: Option<PodObserved>, report: Option<WorkerStatus>) -> Health {
+        judge(pod, report, true)
+    }
+
+    fn judge(pod: Option<PodObserved>, report: Option<WorkerStatus>, fenced: bool) -> Health {
         let name = "a-0".to_string();
         let pods = pod.into_iter().map(|p| (name.clone(), p)).collect();
         let reports = report.into_iter().map(|r| (name.clone(), r)).collect();
-        assess([&name], &pods, &reports, at("2026-01-01T00:01:00Z"))[&name].clone()
+        assess([&name], &pods, &reports, at("2026-01-01T00:01:00Z"), fenced)[&name].clone()
+    }
+
+    #[test]
+    fn a_terminating_pod_under_at_least_once_is_stopping_until_gone_or_silent() {
+        let t = || Some(PodObserved::Terminating);
+        assert_eq!(
+            judge(t(), Some(report("2026-01-01T00:00:58Z")), false),
+            Health::Stopping
+        );
+        assert!(
+            !Health::Stopping.is_up(),
+            "a stopping pod gets no new tasks"
+        );
+        assert_eq!(
+            judge(t(), Some(report("2026-01-01T00:00:20Z")), false),
+            Health::Down(DownCause::Silent(40)),
+            "a terminating pod that stopped reporting long ago is cut off: fail it over"
+        );
+        assert_eq!(
+            judge(t(), None, false),
+            Health::Down(DownCause::Terminating),
+            "a worker that never reported took no task"
+        );
+        assert_eq!(
+            judge(None, Some(report("2026-01-01T00:00:58Z")), false),
+            Health::Down(DownCause::Gone)
+        );
+        assert_eq!(
+            judge(t(), Some(report("2026-01-01T00:00:58Z")), true),
+            Health::Down(DownCause::Terminating),
+            "exactly-once fences it instead of waiting"
+        );
     }
 
     #[test]

@@ -340,7 +340,9 @@ pub fn place(input: &Input) -> Placement {
             owner.insert(*t, target.clone());
             continue;
         };
-        if from == *target {
+        // A stopping pod's tasks wait for it to be gone: nothing else tells its new owner
+        // when it has written its last.
+        if from == *target || health(&from) == Health::Stopping {
             continue;
         }
         let why = if !stateful(*t) {
@@ -435,6 +437,12 @@ pub fn place(input: &Input) -> Placement {
             .warmup
             .push(t.to_string());
     }
+    // Each entry names the worker run it was made for: one the operator has seen report.
+    for (p, t) in pods.iter_mut() {
+        if health(p) == Health::Up {
+            t.incarnation = input.reports.get(p).and_then(|w| w.incarnation.clone());
+        }
+    }
     for t in pods.values_mut() {
         for l in [&mut t.active, &mut t.standby, &mut t.warmup] {
             l.sort_by_key(|id| id.parse::<TaskId>().ok());
@@ -515,7 +523,7 @@ fn progress(input: &Input, f: &ProgressFacts) -> Progress {
             .iter()
             .map(|p| match (f.health)(p) {
                 Health::Down(cause) => format!("{p} is down ({cause})"),
-                Health::Up | Health::Starting => {
+                Health::Up | Health::Starting | Health::Stopping => {
                     format!("{p} is back, waiting for its first report")
                 }
             })

@@ -835,3 +835,61 @@ fn scaled_to_zero_runs_nothing() {
     assert!(p.assignment.pods.is_empty());
     assert_eq!(p.stateful_set_replicas, 0);
 }
+
+#[test]
+fn a_stopping_pod_keeps_its_tasks_until_gone_then_they_fail_over() {
+    let mut sim = Sim::new(&[6], 3);
+    sim.standbys = 1;
+    sim.settle();
+    let held = sim.a().pods["a-1"].active.clone();
+    assert!(!held.is_empty());
+    let mut h: BTreeMap<String, Health> = (0..3).map(|i| (format!("a-{i}"), Health::Up)).collect();
+    h.insert("a-1".into(), Health::Stopping);
+    sim.health = Some(h);
+    // Every copy is caught up, yet nothing leaves a-1 while its worker may still write.
+    sim.report(|_, _| 0);
+    let p = sim.step();
+    assert_eq!(p.assignment.pods["a-1"].active, held);
+    assert!(p.assignment.down.is_empty(), "{:?}", p.assignment);
+    assert!(p.moves.is_empty(), "{:?}", p.moves);
+    // Gone: its tasks fail over at once, and it is named down.
+    sim.set_down("a-1", DownCause::Gone);
+    let p = sim.step();
+    assert_eq!(p.assignment.down, ["a-1"]);
+    assert_eq!(p.moves.len(), held.len());
+    for id in &held {
+        assert_ne!(owner(&p.assignment, id), "a-1");
+    }
+}
+
+#[test]
+fn each_entry_names_the_worker_run_it_was_made_for() {
+    let mut sim = Sim::new(&[4], 2);
+    sim.settle();
+    let name_runs = |sim: &mut Sim, runs: &[(&str, &str)]| {
+        for (pod, run) in runs {
+            sim.reports.get_mut(*pod).expect("report").incarnation = Some(run.to_string());
+        }
+    };
+    name_runs(&mut sim, &[("a-0", "r1"), ("a-1", "s1")]);
+    let p = sim.step();
+    assert_eq!(p.assignment.pods["a-0"].incarnation.as_deref(), Some("r1"));
+    assert_eq!(p.assignment.pods["a-1"].incarnation.as_deref(), Some("s1"));
+    let held = p.assignment.pods["a-0"].active.clone();
+    let generation = p.assignment.generation;
+    // a-0 restarted and has not reported yet: its entry names no run (its new worker waits),
+    // its tasks stay, and the generation moves on so every worker sees the change.
+    let mut h: BTreeMap<String, Health> = (0..2).map(|i| (format!("a-{i}"), Health::Up)).collect();
+    h.insert("a-0".into(), Health::Starting);
+    sim.health = Some(h);
+    let p = sim.step();
+    assert_eq!(p.assignment.pods["a-0"].incarnation, None);
+    assert_eq!(p.assignment.pods["a-0"].active, held);
+    assert!(p.assignment.generation > generation);
+    // Its new run reports: the next entry names it.
+    sim.set_up("a-0");
+    name_runs(&mut sim, &[("a-0", "r2"), ("a-1", "s1")]);
+    let p = sim.step();
+    assert_eq!(p.assignment.pods["a-0"].incarnation.as_deref(), Some("r2"));
+    assert_eq!(p.assignment.pods["a-0"].active, held);
+}
