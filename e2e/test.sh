@@ -20,6 +20,9 @@ cargo build --release --workspace --all-targets
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
+step "container images: buildah builds eddy-worker and eddy-operator from these release binaries, runs --version inside"
+./images/build.sh --prebuilt --check
+
 step "helm lint and template (helm and the control plane built from Go modules, cached)"
 k8s_bin=$("$root/e2e/k8s/cluster.sh" bin | tail -n 1)
 "$k8s_bin/helm" lint charts/eddy-operator

@@ -574,3 +574,53 @@ fn pdb(app: &StatefulStreamApp) -> PodDisruptionBudget {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DEFAULT_IMAGE;
+    use std::path::Path;
+
+    fn repo_file(path: &str) -> String {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    fn yaml(path: &str) -> serde_yaml::Value {
+        serde_yaml::from_str(&repo_file(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// images/build.sh tags what it builds `<registry>/eddy-{worker,operator}:<crate version>`:
+    /// the worker image the operator puts in StatefulSets and the operator image the chart
+    /// deploys must be exactly those, or an install pulls images nobody built.
+    #[test]
+    fn chart_and_operator_name_the_images_build_sh_makes() {
+        let version = env!("CARGO_PKG_VERSION");
+        let script = repo_file("images/build.sh");
+        let registry = script
+            .lines()
+            .find_map(|l| l.strip_prefix("default_registry="))
+            .expect("images/build.sh has a default_registry= line");
+        assert_eq!(
+            DEFAULT_IMAGE,
+            format!("{registry}/eddy-worker:{version}"),
+            "the operator's default worker image"
+        );
+        let chart = yaml("charts/eddy-operator/Chart.yaml");
+        assert_eq!(
+            chart["appVersion"].as_str(),
+            Some(version),
+            "charts/eddy-operator/Chart.yaml: appVersion is the operator image's tag, the crate version"
+        );
+        let values = yaml("charts/eddy-operator/values.yaml");
+        assert_eq!(
+            values["image"]["repository"].as_str(),
+            Some(format!("{registry}/eddy-operator").as_str()),
+            "charts/eddy-operator/values.yaml: image.repository"
+        );
+        assert_eq!(
+            values["image"]["tag"].as_str(),
+            Some(""),
+            "charts/eddy-operator/values.yaml: image.tag stays empty, so the tag follows appVersion"
+        );
+    }
+}
