@@ -8,6 +8,7 @@ mod pod_template;
 
 use eddy_crds::resource::StatefulStreamApp;
 use eddy_crds::spec::CleanupPolicy;
+use eddy_telemetry::logging::LogFormat;
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
@@ -199,11 +200,19 @@ pub fn config_map_name(app: &StatefulStreamApp) -> String {
     format!("{}-app", name(app))
 }
 
+/// How the operator runs every app's workers (its own flags), besides what the app says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerSettings {
+    /// `EDDY_LOG_FORMAT` of the workers (`--worker-log-format`).
+    pub log_format: LogFormat,
+}
+
 /// The app's objects; its workers run under `application_id`.
 pub fn build(
     app: &StatefulStreamApp,
     spec_hash: &str,
     application_id: &str,
+    workers: &WorkerSettings,
 ) -> Result<Objects, String> {
     Ok(Objects {
         config_map: config_map(app)?,
@@ -214,7 +223,7 @@ pub fn build(
         },
         role: role(app),
         role_binding: role_binding(app),
-        stateful_set: stateful_set(app, spec_hash, application_id)?,
+        stateful_set: stateful_set(app, spec_hash, application_id, workers)?,
         pdb: pdb(app),
     })
 }
@@ -373,6 +382,7 @@ fn stateful_set(
     app: &StatefulStreamApp,
     spec_hash: &str,
     application_id: &str,
+    workers: &WorkerSettings,
 ) -> Result<StatefulSet, String> {
     let spec = &app.spec;
     let storage = spec.storage.clone().unwrap_or_default();
@@ -389,6 +399,14 @@ fn stateful_set(
         field_env("EDDY_INSTANCE_ID", "metadata.name"),
         field_env("EDDY_NAMESPACE", "metadata.namespace"),
     ];
+    // Only when not the default: pods of operators without the flag stay as they were (a
+    // changed template would roll every app's pods).
+    if workers.log_format != LogFormat::default() {
+        env_vars.push(env(
+            eddy_telemetry::logging::FORMAT_ENV,
+            workers.log_format.as_str(),
+        ));
+    }
     let (kafka_env, kafka_volumes, kafka_mounts) = kafka_credentials(&spec.kafka);
     env_vars.extend(kafka_env);
     let container = Container {
