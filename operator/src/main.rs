@@ -67,6 +67,10 @@ enum Command {
             value_name = "text|json"
         )]
         worker_log_format: LogFormat,
+        /// Worker image of the apps that do not name one in `spec.image` (the chart's
+        /// `workerImage`; default `ghcr.io/eddy-dev/eddy-worker:<this operator's version>`).
+        #[arg(long, env = "EDDY_OPERATOR_WORKER_IMAGE", value_name = "IMAGE")]
+        worker_image: Option<String>,
     },
 }
 
@@ -89,11 +93,10 @@ fn main() -> anyhow::Result<()> {
             install_crd,
             watch_namespaces,
             worker_log_format,
+            worker_image,
         } => {
             let scope = controller::Scope::new(&watch_namespaces)?;
-            let workers = resources::WorkerSettings {
-                log_format: worker_log_format,
-            };
+            let workers = worker_settings(worker_log_format, worker_image);
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -107,6 +110,14 @@ fn main() -> anyhow::Result<()> {
                     workers,
                 ))
         }
+    }
+}
+
+fn worker_settings(log_format: LogFormat, image: Option<String>) -> resources::WorkerSettings {
+    resources::WorkerSettings {
+        log_format,
+        // `EDDY_OPERATOR_WORKER_IMAGE=` means the default, not an image named "".
+        image: image.filter(|i| !i.trim().is_empty()),
     }
 }
 
@@ -222,4 +233,36 @@ fn stopping() -> tokio::sync::watch::Receiver<bool> {
         }
     });
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workers(args: &[&str]) -> resources::WorkerSettings {
+        let argv = [&["eddy-operator", "run"][..], args].concat();
+        match Cli::try_parse_from(argv)
+            .expect("the arguments parse")
+            .command
+        {
+            Command::Run {
+                worker_log_format,
+                worker_image,
+                ..
+            } => worker_settings(worker_log_format, worker_image),
+            _ => panic!("not `run`"),
+        }
+    }
+
+    #[test]
+    fn worker_image_names_the_image_of_apps_without_one_and_empty_means_the_default() {
+        assert_eq!(workers(&[]).image, None);
+        assert_eq!(
+            workers(&["--worker-image", "registry.example.com/t/eddy-worker:0.1.0"])
+                .image
+                .as_deref(),
+            Some("registry.example.com/t/eddy-worker:0.1.0")
+        );
+        assert_eq!(workers(&["--worker-image", ""]).image, None);
+    }
 }

@@ -1141,6 +1141,7 @@ mod tests {
         );
         let json = resources::WorkerSettings {
             log_format: eddy_telemetry::logging::LogFormat::Json,
+            ..Default::default()
         };
         let d = reconcile_with(&app(PV), &Observed::default(), &facts, "t0", &json);
         assert_eq!(env_of(&d, "EDDY_LOG_FORMAT").as_deref(), Some("json"));
@@ -1150,6 +1151,46 @@ mod tests {
         ));
         let d = reconcile_with(&own, &Observed::default(), &facts, "t0", &json);
         assert_eq!(env_of(&d, "EDDY_LOG_FORMAT").as_deref(), Some("text"));
+    }
+
+    #[test]
+    fn workers_run_the_apps_image_else_the_operators_worker_image_else_the_crate_versions() {
+        let facts = kafka(&[("views", 2)]);
+        let image = |d: &Desired| {
+            let o = d.objects.as_ref().expect("objects");
+            let pod = o
+                .stateful_set
+                .spec
+                .template
+                .spec
+                .as_ref()
+                .expect("pod spec");
+            pod.containers[0].image.clone()
+        };
+        let d = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        assert_eq!(
+            image(&d).as_deref(),
+            Some(concat!(
+                "ghcr.io/eddy-dev/eddy-worker:",
+                env!("CARGO_PKG_VERSION")
+            ))
+        );
+        let mirror = resources::WorkerSettings {
+            image: Some("registry.example.com/team/eddy-worker:0.1.0".into()),
+            ..Default::default()
+        };
+        let d = reconcile_with(&app(PV), &Observed::default(), &facts, "t0", &mirror);
+        assert_eq!(
+            image(&d).as_deref(),
+            Some("registry.example.com/team/eddy-worker:0.1.0")
+        );
+        let own = app(&PV.replace("replicas: 2\n", "replicas: 2\n  image: mine:1\n"));
+        let d = reconcile_with(&own, &Observed::default(), &facts, "t0", &mirror);
+        assert_eq!(
+            image(&d).as_deref(),
+            Some("mine:1"),
+            "the app's spec.image wins"
+        );
     }
 
     #[test]

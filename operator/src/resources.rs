@@ -27,7 +27,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use std::collections::BTreeMap;
 
-/// Default worker image when the spec names none.
+/// Worker image when neither the spec nor the operator's `--worker-image` names one: what
+/// images/build.sh tags, the crate version (a test below keeps them in step).
 pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/eddy-dev/eddy-worker:", env!("CARGO_PKG_VERSION"));
 pub const HTTP_PORT: i32 = 9090;
 /// The worker pods' main container (the assignor reads its state).
@@ -205,6 +206,8 @@ pub fn config_map_name(app: &StatefulStreamApp) -> String {
 pub struct WorkerSettings {
     /// `EDDY_LOG_FORMAT` of the workers (`--worker-log-format`).
     pub log_format: LogFormat,
+    /// Image of the apps that do not name one (`--worker-image`); `None`: [`DEFAULT_IMAGE`].
+    pub image: Option<String>,
 }
 
 /// The app's objects; its workers run under `application_id`.
@@ -411,7 +414,13 @@ fn stateful_set(
     env_vars.extend(kafka_env);
     let container = Container {
         name: WORKER_CONTAINER.into(),
-        image: Some(spec.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into())),
+        image: Some(
+            spec.image
+                .as_deref()
+                .or(workers.image.as_deref())
+                .unwrap_or(DEFAULT_IMAGE)
+                .into(),
+        ),
         args: Some(vec!["run".into()]),
         env: Some(env_vars),
         ports: Some(vec![ContainerPort {
@@ -639,6 +648,16 @@ mod tests {
             values["image"]["tag"].as_str(),
             Some(""),
             "charts/eddy-operator/values.yaml: image.tag stays empty, so the tag follows appVersion"
+        );
+        assert_eq!(
+            values["workerImage"]["repository"].as_str(),
+            Some(format!("{registry}/eddy-worker").as_str()),
+            "charts/eddy-operator/values.yaml: workerImage.repository"
+        );
+        assert_eq!(
+            values["workerImage"]["tag"].as_str(),
+            Some(""),
+            "charts/eddy-operator/values.yaml: workerImage.tag stays empty, so the tag follows appVersion"
         );
     }
 }
