@@ -20,6 +20,9 @@ cargo build --release --workspace --all-targets
 step "cargo clippy"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
+step "container images: buildah builds eddy-worker and eddy-operator from these release binaries, runs --version inside"
+./images/build.sh --prebuilt --check
+
 step "helm lint and template (helm and the control plane built from Go modules, cached)"
 k8s_bin=$("$root/e2e/k8s/cluster.sh" bin | tail -n 1)
 "$k8s_bin/helm" lint charts/eddy-operator
@@ -34,7 +37,7 @@ if "$k8s_bin/helm" template t charts/eddy-operator --set replicaCount=-1 >/dev/n
   echo "values.schema.json must reject replicaCount=-1" >&2; exit 1
 fi
 
-step "alert rules: promtool check rules and test rules, on files/alerts.yaml and the chart's PrometheusRule (promtool built from its Go module, cached)"
+step "alert rules: promtool check rules and test rules, on files/alerts.yaml and the chart's PrometheusRule (promtool, and the Prometheus server e2e/tests/alerts.rs runs, built from their Go module, cached)"
 ./e2e/prometheus/check-alerts.sh "$k8s_bin/helm"
 
 step "starting a local Kafka broker"

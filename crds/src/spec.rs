@@ -53,8 +53,9 @@ pub struct AppSpec {
     /// Number of worker pods (default 1). Operator only: a standalone worker owns every task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
-    /// Worker container image (default `ghcr.io/eddy-dev/eddy-worker:<the operator's
-    /// version>`). Operator only.
+    /// Worker container image (default the operator's `--worker-image`: the chart's
+    /// `workerImage`, else `ghcr.io/eddy-dev/eddy-worker:<the operator's version>`). Operator
+    /// only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Kafka Streams' `application.id`: prefix of internal topics, transactional ids and the

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Regenerates the pinned Go module that build.sh compiles promtool from:
+# Regenerates the pinned Go module that build.sh compiles promtool and the Prometheus server
+# from:
 #
 #   update-gomod.sh VERSION      e.g. update-gomod.sh v0.316.0   (the module's tag of Prometheus 3.16.0)
 #
-# The module requires github.com/prometheus/prometheus@VERSION and names its promtool main in
-# a `tool` directive, so `go mod tidy` keeps exactly its dependencies and `go build` builds the
-# upstream main unchanged. Commit the resulting go.mod and go.sum; build.sh only reads them
+# The module requires github.com/prometheus/prometheus@VERSION and names its promtool and
+# prometheus mains in `tool` directives, so `go mod tidy` keeps exactly their dependencies and
+# `go build` builds the upstream mains unchanged. Commit the resulting go.mod and go.sum; build.sh only reads them
 # (-mod=readonly). Versions served by the Go module proxy: see .library/env/packages/go-partial.tsv
 # or `go list -m -versions github.com/prometheus/prometheus`.
 set -euo pipefail
@@ -34,7 +35,10 @@ grep -q '^replace' "$mod" && echo "warning: prometheus's go.mod has replace dire
   echo
   echo "require github.com/prometheus/prometheus $VERSION"
   echo
-  echo "tool github.com/prometheus/prometheus/cmd/promtool"
+  echo "tool ("
+  echo "	github.com/prometheus/prometheus/cmd/prometheus"
+  echo "	github.com/prometheus/prometheus/cmd/promtool"
+  echo ")"
 } >"$HERE/go.mod"
 rm -f "$HERE/go.sum"
 (cd "$HERE" && go mod tidy)

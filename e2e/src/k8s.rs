@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// The pod annotation where the pod runner writes the address a pod's `EDDY_HTTP_ADDR` moved
+/// to (`127.0.0.1:<port>`): its IP and container port do not say where it listens.
+pub const POD_HTTP_ANNOTATION: &str = "e2e.eddy.dev/http-addr";
+
 pub struct ControlPlane {
     name: String,
     pub kubeconfig: PathBuf,
@@ -223,10 +227,27 @@ impl Process {
             .args(["-TERM", &self.0.id().to_string()])
             .status();
     }
+
+    /// Its exit status once it exited, waiting at most `timeout`; None if it still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<std::process::ExitStatus>> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.0.try_wait()? {
+                return Ok(Some(status));
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for Process {
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
         self.term();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while std::time::Instant::now() < deadline {

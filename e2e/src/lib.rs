@@ -8,6 +8,8 @@ pub mod k8s;
 
 pub mod operated;
 
+pub mod prometheus;
+
 pub mod compare;
 
 pub mod scaling;
@@ -267,9 +269,15 @@ pub type Input = (Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// Produce records, each to the partition Kafka's Java client would pick for its key.
 pub fn produce(topic: &str, records: &[Input]) -> Result<()> {
+    produce_with(topic, records, &[])
+}
+
+/// [`produce`] with more producer settings (e.g. `batch.size`).
+pub fn produce_with(topic: &str, records: &[Input], settings: &[(&str, &str)]) -> Result<()> {
     let n = partition_count(topic)?;
-    let p: ThreadedProducer<DefaultProducerContext> =
-        client(&[("linger.ms", "20"), ("enable.idempotence", "true")])?.create()?;
+    let mut config = vec![("linger.ms", "20"), ("enable.idempotence", "true")];
+    config.extend_from_slice(settings);
+    let p: ThreadedProducer<DefaultProducerContext> = client(&config)?.create()?;
     for (k, v) in records {
         let part = k
             .as_deref()
@@ -739,6 +747,26 @@ impl Drop for Forwarder {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// `e2e/kafka/kafka.sh tool <args>` against the test broker (`--bootstrap-server` is added):
+/// a Kafka CLI tool, e.g. `configs` for what the admin API of librdkafka lacks (client quotas).
+pub fn kafka_tool(args: &[&str]) -> Result<String> {
+    let bs = bootstrap()?;
+    let out = Command::new("bash")
+        .arg(repo_root().join("e2e/kafka/kafka.sh"))
+        .arg("tool")
+        .args(args)
+        .args(["--bootstrap-server", &bs])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "kafka.sh tool {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `e2e/kafka/kafka.sh node <action> --name <cluster> --node <n>`: stop, start, pause or

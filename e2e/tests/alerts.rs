@@ -3,9 +3,13 @@
 //! by `e2e/k8s/cluster.sh bin`, no cluster). The two must not drift, the chart values must
 //! reach the rules, and every alert needs a runbook and promtool unit tests that see it fire
 //! and stay quiet (`e2e/prometheus/alerts_test.yaml`; `e2e/prometheus/check-alerts.sh` runs
-//! promtool itself).
+//! promtool itself). And a real Prometheus server, scraping the operator and its worker pods
+//! on a local control plane the way the chart's monitors say, fires the chart's alerts for a
+//! degraded app and a slowed restore.
 
 use anyhow::{Context, Result, bail, ensure};
+use eddy_e2e::operated::{Namespace, OPERATOR_NS, Operated, Setup, WAIT};
+use eddy_e2e::prometheus::{Alert, Prometheus};
 use eddy_e2e::repo_root;
 use serde_yaml::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -329,5 +333,317 @@ fn every_alert_has_a_runbook_labels_annotations_and_unit_tests() -> Result<()> {
         "docs/runbooks/ and the alerts differ: {:?}",
         pages.symmetric_difference(&names).collect::<Vec<_>>()
     );
+    Ok(())
+}
+
+/// The control plane of the real-Prometheus test: one operator, which logs in JSON and has
+/// its worker pods log in JSON (`logFormat: json` in the chart).
+fn env() -> Result<&'static Operated> {
+    eddy_e2e::operated::shared_with(
+        &Setup {
+            operators: 1,
+            args: &["--log-format", "json", "--worker-log-format", "json"],
+            ..Setup::default()
+        },
+        |_, _| Ok(()),
+    )
+}
+
+/// The objects of a YAML stream (`helm template` output), as JSON.
+fn documents(yaml: &str) -> Result<Vec<serde_json::Value>> {
+    let mut out = Vec::new();
+    for doc in yaml.split("\n---") {
+        let v: serde_json::Value =
+            serde_yaml::from_str(doc).with_context(|| format!("parsing a document of\n{yaml}"))?;
+        if !v.is_null() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+fn app_yaml(name: &str, bs: &str, input: &str, output: &str, properties: &str) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  replicas: 1
+  kafka: {{bootstrapServers: "{bs}", properties: {{{properties}}}}}
+  commitIntervalMs: 200
+  topology:
+    - from: {{topic: {input}}}
+    - count: {{store: counts}}
+    - to: {{topic: {output}, value: i64}}
+"#
+    )
+}
+
+/// A broker quota on what one client id may fetch per second, removed when dropped.
+struct FetchQuota(String);
+
+impl FetchQuota {
+    fn set(client_id: &str, bytes_per_second: u64) -> Result<Self> {
+        eddy_e2e::kafka_tool(&[
+            "configs",
+            "--alter",
+            "--add-config",
+            &format!("consumer_byte_rate={bytes_per_second}"),
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            client_id,
+        ])?;
+        Ok(Self(client_id.to_string()))
+    }
+}
+
+impl Drop for FetchQuota {
+    fn drop(&mut self) {
+        let _ = eddy_e2e::kafka_tool(&[
+            "configs",
+            "--alter",
+            "--delete-config",
+            "consumer_byte_rate",
+            "--entity-type",
+            "clients",
+            "--entity-name",
+            &self.0,
+        ]);
+    }
+}
+
+/// Records of the app's state in its changelog before it starts (about 2.3 MB).
+const STATE_RECORDS: usize = 100_000;
+
+#[test]
+fn a_real_prometheus_scraping_as_the_chart_says_fires_its_alerts_for_a_degraded_app_and_a_slow_restore()
+-> Result<()> {
+    use eddy_e2e::*;
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+
+    // The chart's rules, rendered with values that make the two alerts fire at once (a
+    // restore backlog of more than 1000 records).
+    let rendered = documents(&chart::template(
+        &env.cp,
+        OPERATOR_NS,
+        &[
+            "--show-only",
+            "templates/prometheusrule.yaml",
+            "--set",
+            "alerts.force=true",
+            "--set",
+            "alerts.rules.EddyAppDegraded.for=0s",
+            "--set",
+            "alerts.rules.EddyRestoreBacklogHigh.for=0s",
+            "--set",
+            "alerts.rules.EddyRestoreBacklogHigh.records=1000",
+        ],
+    )?)?;
+    let rules = serde_yaml::to_string(&rendered.first().context("no PrometheusRule")?["spec"])?;
+    ensure!(
+        rules.contains("> 1000"),
+        "the threshold did not reach the rules:\n{rules}"
+    );
+    // The scrape jobs the prometheus-operator would make of the chart's monitors: the
+    // operator (honor_labels) and every worker pod, found through the API server.
+    let monitors = documents(&chart::template(
+        &env.cp,
+        OPERATOR_NS,
+        &[
+            "--show-only",
+            "templates/monitoring.yaml",
+            "--set",
+            "monitoring.serviceMonitor.enabled=true",
+            "--set",
+            "monitoring.podMonitor.enabled=true",
+            "--set",
+            "monitoring.dashboard.enabled=false",
+        ],
+    )?)?;
+    let monitor = |kind: &str| {
+        monitors
+            .iter()
+            .find(|m| m["kind"] == kind)
+            .with_context(|| format!("no {kind} in the chart"))
+    };
+    let sm = monitor("ServiceMonitor")?;
+    let service = format!(
+        "{}-metrics",
+        sm["metadata"]["name"].as_str().unwrap_or_default()
+    );
+    let operators: Vec<String> = env
+        .operators
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let config = serde_json::json!({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": ["eddy-rules.yaml"],
+        "scrape_configs": [
+            prometheus::service_monitor_job(sm, &service, &operators, "1s")?,
+            prometheus::pod_monitor_job(
+                monitor("PodMonitor")?,
+                &env.cp.kubeconfig,
+                "1s",
+                Some(eddy_e2e::k8s::POD_HTTP_ANNOTATION),
+            )?,
+        ],
+    });
+    let prom = Prometheus::start(
+        &serde_json::to_string_pretty(&config)?,
+        &[("eddy-rules.yaml", &rules)],
+    )?;
+    let firing = |name: &str, labels: &[(&str, &str)]| -> Result<Option<Alert>> {
+        Ok(prom.alerts()?.into_iter().find(|a| {
+            a.name == name && a.state == "firing" && labels.iter().all(|(k, v)| a.labels[*k] == *v)
+        }))
+    };
+    let explain = |what: &str| {
+        format!(
+            "{what}\nalerts: {:?}\ntargets: {:?}\n{}\n--- prometheus\n{}",
+            prom.alerts(),
+            prom.targets(),
+            env.logs(),
+            prom.logs()
+        )
+    };
+
+    // An app whose source topic does not exist: Degraded.
+    let degraded = "no-input";
+    env.apply(
+        ns,
+        &app_yaml(
+            degraded,
+            &env.bs,
+            &unique("never-created"),
+            "never-written",
+            "",
+        ),
+    )?;
+
+    // An app whose state is already in its changelog, as for a pod that lost its volume, and
+    // a restore slowed down: the broker lets its pod's client fetch 64 KB/s (after a first
+    // burst of about ten seconds' worth), one small batch per fetch.
+    let slow = unique("slow");
+    let pod = format!("{slow}-0");
+    let (input, output) = (space.topic("slow-in", 1)?, space.topic("slow-out", 1)?);
+    let changelog = format!("{ns}.{slow}-counts-changelog");
+    create_topic(&changelog, 1)?;
+    set_topic_config(&changelog, "cleanup.policy", "compact")?;
+    let state: Vec<Input> = (0..STATE_RECORDS)
+        .map(|i| {
+            (
+                Some(format!("k{i:06}").into_bytes()),
+                Some(1i64.to_be_bytes().to_vec()),
+            )
+        })
+        .collect();
+    produce_with(&changelog, &state, &[("batch.size", "16384")])?;
+    let quota = FetchQuota::set(&pod, 64 << 10)?;
+    env.apply(
+        ns,
+        &app_yaml(
+            &slow,
+            &env.bs,
+            &input,
+            &output,
+            r#"max.partition.fetch.bytes: "16384""#,
+        ),
+    )?;
+
+    wait_until(WAIT, || {
+        Ok(firing("EddyAppDegraded", &[("namespace", ns), ("app", degraded)])?.is_some())
+    })
+    .with_context(|| explain("EddyAppDegraded never fired"))?;
+    let alert = firing("EddyAppDegraded", &[("namespace", ns), ("app", degraded)])?
+        .context("EddyAppDegraded")?;
+    ensure!(
+        alert.labels["severity"] == "critical"
+            && alert.annotations["summary"]
+                .as_str()
+                .is_some_and(|s| s.contains(&format!("{ns}/{degraded} is Degraded")))
+            && alert.annotations["runbook_url"]
+                .as_str()
+                .is_some_and(|u| u.ends_with("/EddyAppDegraded.md")),
+        "{alert:?}"
+    );
+
+    let restoring = [
+        ("namespace", ns),
+        ("app", slow.as_str()),
+        ("pod", pod.as_str()),
+        ("task", "0_0"),
+    ];
+    wait_until(WAIT, || {
+        Ok(firing("EddyRestoreBacklogHigh", &restoring)?.is_some())
+    })
+    .with_context(|| explain("EddyRestoreBacklogHigh never fired"))?;
+    let alert = firing("EddyRestoreBacklogHigh", &restoring)?.context("EddyRestoreBacklogHigh")?;
+    let left: f64 = alert.value.parse().unwrap_or(0.0);
+    ensure!(
+        left > 1000.0 && left <= STATE_RECORDS as f64,
+        "the alert says {left} records are left: {alert:?}"
+    );
+    ensure!(
+        alert.annotations["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains(&format!("Task 0_0 of {ns}/{slow}"))),
+        "{alert:?}"
+    );
+    // The worker was found and labelled as the PodMonitor says.
+    let targets = prom.targets()?;
+    let target = targets
+        .iter()
+        .find(|t| t["labels"]["pod"] == pod.as_str())
+        .with_context(|| format!("no target for {pod}: {targets:?}"))?;
+    ensure!(
+        target["labels"]["app"] == slow.as_str()
+            && target["labels"]["namespace"] == ns
+            && target["health"] == "up",
+        "{target}"
+    );
+
+    // At full speed the restore ends: the task runs and the alert is resolved.
+    drop(quota);
+    wait_until(WAIT, || {
+        let resolved = prom
+            .alerts()?
+            .iter()
+            .all(|a| !(a.name == "EddyRestoreBacklogHigh" && a.labels["app"] == slow.as_str()));
+        Ok(resolved && env.get(ns, &format!("ssapp/{slow}"), "{.status.phase}") == "Running")
+    })
+    .with_context(|| explain("the restore never ended, or its alert stayed"))?;
+    let others: Vec<Alert> = prom
+        .alerts()?
+        .into_iter()
+        .filter(|a| a.state == "firing" && a.name != "EddyAppDegraded")
+        .collect();
+    ensure!(others.is_empty(), "other alerts fired: {others:?}");
+
+    // Both binaries logged JSON, one object per line, the fields beside the message.
+    let json_lines = |text: &str| -> Result<Vec<serde_json::Value>> {
+        text.lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with("--- pod-runner"))
+            .map(|l| serde_json::from_str(l).with_context(|| format!("not JSON: {l}")))
+            .collect()
+    };
+    let operator = json_lines(&std::fs::read_to_string(env.dir.path().join("op-0.log"))?)?;
+    ensure!(
+        operator
+            .iter()
+            .any(|l| l["level"] == "INFO" && l["message"] == "became the leader"),
+        "{operator:?}"
+    );
+    let worker = json_lines(&std::fs::read_to_string(env.pod_dir(ns, &pod).join("log"))?)?;
+    ensure!(
+        worker.iter().any(|l| l["message"] == "restored"
+            && l["task"] == "0_0"
+            && l["records"] == STATE_RECORDS),
+        "no JSON line of the restore in {pod}'s log: {worker:?}"
+    );
+    env.delete_apps(ns)?;
     Ok(())
 }

@@ -132,6 +132,10 @@ fn the_chart_with_every_toggle_on_passes_a_server_side_dry_run() -> Result<()> {
         let mut args = ALL_ON.to_vec();
         if watch {
             args.extend(["--set", "watchNamespaces={watched-b}"]);
+            args.extend([
+                "--set",
+                "workerImage.repository=registry.example.com/t/eddy-worker",
+            ]);
         }
         let yaml = chart::template(&env.cp, OPERATOR_NS, &args)?;
         let objects = dry_run(env, &yaml).with_context(|| format!("the chart with {args:?}"))?;
@@ -179,12 +183,33 @@ fn the_chart_with_every_toggle_on_passes_a_server_side_dry_run() -> Result<()> {
         );
 
         let deployment = find(&objects, "Deployment", "t-eddy-operator").context("Deployment")?;
-        let env_var = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|e| e["name"] == "EDDY_OPERATOR_WATCH_NAMESPACES")
-            .map(|e| e["value"].clone());
+        let operator = &deployment["spec"]["template"]["spec"]["containers"][0];
+        let env_of = |name: &str| {
+            operator["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == name)
+                .map(|e| e["value"].clone())
+        };
+        let env_var = env_of("EDDY_OPERATOR_WATCH_NAMESPACES");
+        // Both images are tagged with the crate version, what images/build.sh builds.
+        let version = env!("CARGO_PKG_VERSION");
+        let registry = if watch {
+            "registry.example.com/t"
+        } else {
+            "ghcr.io/eddy-dev"
+        };
+        ensure!(
+            operator["image"] == format!("ghcr.io/eddy-dev/eddy-operator:{version}").as_str(),
+            "the operator's image: {}",
+            operator["image"]
+        );
+        let worker_image = env_of("EDDY_OPERATOR_WORKER_IMAGE");
+        ensure!(
+            worker_image == Some(Value::from(format!("{registry}/eddy-worker:{version}"))),
+            "the operator's worker image: {worker_image:?}"
+        );
         let cluster_role = find(&objects, "ClusterRole", "t-eddy-operator").is_some();
         let roles: BTreeSet<&str> = objects
             .iter()

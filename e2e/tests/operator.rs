@@ -757,3 +757,212 @@ fn an_application_id_used_twice_is_refused_for_the_newer_app() -> Result<()> {
     })?;
     Ok(())
 }
+
+/// A leader stopped with SIGTERM releases its Lease: the follower leads at its next try
+/// (every 2 s), not once the lease expired (15 s after the last renewal), and the old leader
+/// exits 0. Two operators of this test's own, watching only its (empty) namespace and holding
+/// their Lease there, so the binary's operators and the other tests' apps are not disturbed.
+#[test]
+fn a_leader_stopped_with_sigterm_hands_its_lease_over_at_once() -> Result<()> {
+    use eddy_e2e::k8s::Process;
+    use std::time::{Duration, Instant};
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let holder = || env.get(ns, "lease/eddy-operator-leader", "{.spec.holderIdentity}");
+    let start = |id: &str| -> Result<(Process, String)> {
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let args = [
+            "run",
+            "--http-addr",
+            &addr,
+            "--namespace",
+            ns,
+            "--identity",
+            id,
+            "--watch-namespaces",
+            ns,
+        ];
+        let log = env.dir.path().join(format!("{ns}-{id}.log"));
+        let p = Process::spawn(
+            "eddy-operator",
+            &args,
+            &[("KUBECONFIG", env.cp.kubeconfig.as_path())],
+            &log,
+        )?;
+        Ok((p, addr))
+    };
+    let logs = |id: &str| {
+        std::fs::read_to_string(env.dir.path().join(format!("{ns}-{id}.log"))).unwrap_or_default()
+    };
+    let leads = |addr: &str| {
+        http_get(addr, "/metrics")
+            .map(|(_, m)| sum_metric(&m, "eddy_operator_leader", &[]) == 1.0)
+            .unwrap_or(false)
+    };
+
+    let (mut first, first_addr) = start("first")?;
+    wait_until(WAIT, || Ok(holder() == "first" && leads(&first_addr)))
+        .with_context(|| logs("first"))?;
+    let (_second, second_addr) = start("second")?;
+    // The follower serves /metrics right before it tries the lease, and keeps trying.
+    wait_until(WAIT, || Ok(http_get(&second_addr, "/metrics").is_ok()))
+        .with_context(|| logs("second"))?;
+    ensure!(
+        holder() == "first" && !leads(&second_addr),
+        "the follower took a held lease: holder {:?}\n{}",
+        holder(),
+        logs("second")
+    );
+
+    first.term();
+    let stopped = Instant::now();
+    wait_until(Duration::from_secs(30), || {
+        Ok(holder() == "second" && leads(&second_addr))
+    })
+    .with_context(|| format!("{}\n{}", logs("first"), logs("second")))?;
+    let took = stopped.elapsed();
+    // Without the release the follower waits out the lease: at least 10 s after the SIGTERM
+    // (the leader renews every 5 s, the lease lasts 15 s).
+    ensure!(
+        took < Duration::from_secs(6),
+        "the follower led {took:?} after the leader's SIGTERM\n{}",
+        logs("first")
+    );
+    let status = first.wait_exit(Duration::from_secs(20))?;
+    ensure!(
+        status.is_some_and(|s| s.success()),
+        "the old leader exited with {status:?}\n{}",
+        logs("first")
+    );
+    ensure!(
+        logs("first").contains("released the leader lease"),
+        "{}",
+        logs("first")
+    );
+    Ok(())
+}
+
+/// The lifecycle steps of an app are Normal events on it, each told once: its StatefulSet
+/// `Created`, `Scaled` from one replica count to another, and a spec change `RolledOut` once
+/// it reached every pod.
+#[test]
+fn creating_scaling_and_rolling_out_an_app_are_normal_events() -> Result<()> {
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let app = unique("life");
+    let (input, output) = (space.topic("life-in", 2)?, space.topic("life-out", 1)?);
+    produce_counts(&input, 100, 10)?;
+    env.apply(ns, &app_yaml(&app, 1, &env.bs, &input, &output, ""))?;
+    let events = |reason: &str| -> Result<Vec<String>> {
+        let list: serde_json::Value =
+            serde_json::from_str(&env.kubectl(&["-n", ns, "get", "events", "-o", "json"], None)?)?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| {
+                e["involvedObject"]["kind"] == "StatefulStreamApp"
+                    && e["involvedObject"]["name"] == app.as_str()
+                    && e["type"] == "Normal"
+                    && e["reason"] == reason
+            })
+            .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+            .collect())
+    };
+    let running = |ready: &str| {
+        env.get(
+            ns,
+            &format!("ssapp/{app}"),
+            "{.status.phase} {.status.ready}",
+        ) == format!("Running {ready}")
+    };
+
+    wait_until(WAIT, || Ok(!events("Created")?.is_empty())).with_context(|| env.logs())?;
+    let created = events("Created")?;
+    ensure!(
+        created.len() == 1
+            && created[0].contains(&format!("StatefulSet {app} with 1 worker pod(s)")),
+        "{created:?}"
+    );
+    wait_until(WAIT, || Ok(counted(&output, 10, 10)? && running("1/1")))
+        .with_context(|| env.logs())?;
+
+    env.kubectl(&["-n", ns, "scale", "ssapp", &app, "--replicas=2"], None)?;
+    wait_until(WAIT, || Ok(!events("Scaled")?.is_empty())).with_context(|| env.logs())?;
+    let scaled = events("Scaled")?;
+    ensure!(
+        scaled
+            == [format!(
+                "scaled StatefulSet {app} from 1 to 2 worker pod(s)"
+            )],
+        "{scaled:?}"
+    );
+    wait_until(WAIT, || Ok(running("2/2"))).with_context(|| env.logs())?;
+    ensure!(
+        events("RolledOut")?.is_empty(),
+        "a scale is no rollout: {:?}",
+        events("RolledOut")?
+    );
+
+    // A spec change rolls the pods one at a time; the event comes once every pod runs it.
+    env.kubectl(
+        &[
+            "-n",
+            ns,
+            "patch",
+            "ssapp",
+            &app,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"commitIntervalMs":300}}"#,
+        ],
+        None,
+    )?;
+    wait_until(WAIT, || Ok(!events("RolledOut")?.is_empty())).with_context(|| env.logs())?;
+    let template_hash = env.get(
+        ns,
+        &format!("statefulset/{app}"),
+        r#"{.spec.template.metadata.annotations.eddy\.dev/spec-hash}"#,
+    );
+    let pods: serde_json::Value = serde_json::from_str(&env.kubectl(
+        &[
+            "-n",
+            ns,
+            "get",
+            "pods",
+            "-l",
+            &format!("app.kubernetes.io/instance={app}"),
+            "-o",
+            "json",
+        ],
+        None,
+    )?)?;
+    let hashes: Vec<&str> = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["metadata"]["annotations"]["eddy.dev/spec-hash"].as_str())
+        .collect();
+    ensure!(
+        !template_hash.is_empty() && hashes == [template_hash.as_str(); 2],
+        "RolledOut while the pods run {hashes:?}, the template {template_hash:?}"
+    );
+    let rolled = events("RolledOut")?;
+    ensure!(
+        rolled.len() == 1
+            && rolled[0].contains(&format!(
+                "every pod of StatefulSet {app} (2 pod(s) updated and Ready"
+            )),
+        "{rolled:?}"
+    );
+    ensure!(
+        events("Created")?.len() == 1 && events("Scaled")?.len() == 1,
+        "told twice: {:?} {:?}",
+        events("Created")?,
+        events("Scaled")?
+    );
+    env.delete_apps(ns)?;
+    Ok(())
+}

@@ -13,7 +13,7 @@ use crate::placement::PodObserved;
 use crate::reconcile::{self, Foreign, KafkaFacts, Observed, Problem, Reason};
 use crate::resources::{self, Kind, Objects};
 use eddy_crds::spec::CleanupPolicy;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
@@ -68,6 +68,8 @@ pub struct Ctx {
     /// on a new generation only, would never see it). Trusted for a few seconds only, so a
     /// status someone else reset does not stop the app's reconciles.
     pub written: std::sync::Mutex<std::collections::HashMap<String, (i64, Instant)>>,
+    /// How every app's workers run (the operator's flags).
+    pub workers: resources::WorkerSettings,
 }
 
 impl Ctx {
@@ -252,12 +254,19 @@ where
     }
 }
 
-/// Run the controllers until the process stops: one over all namespaces, or one per watched
-/// namespace. kube's watch caches hold one list each (merging several namespaces' watches
-/// into one store would let each namespace's relist drop the others' objects), so each
-/// namespace gets its own controller and caches; application ids are still checked across
-/// every watched namespace.
-pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String, scope: Scope) {
+/// Run the controllers until `stop` turns true, then return once the reconciles under way
+/// have finished: one controller over all namespaces, or one per watched namespace. kube's
+/// watch caches hold one list each (merging several namespaces' watches into one store would
+/// let each namespace's relist drop the others' objects), so each namespace gets its own
+/// controller and caches; application ids are still checked across every watched namespace.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    identity: String,
+    scope: Scope,
+    workers: resources::WorkerSettings,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
     let controllers: Vec<_> = scope
         .watches()
         .into_iter()
@@ -273,9 +282,15 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, identity: String, scope:
             client: client.clone(),
             metrics: metrics.clone(),
             written: Default::default(),
+            workers: workers.clone(),
+        });
+        // kube wants a `Sync` trigger: a task's handle is one.
+        let mut stop = stop.clone();
+        let stopped = tokio::spawn(async move {
+            let _ = stop.wait_for(|s| *s).await;
         });
         controller
-            .shutdown_on_signal()
+            .graceful_shutdown_on(stopped.map(|_| ()))
             .run(reconcile_app, error_policy, ctx)
             .for_each(|r| async move {
                 if let Err(e) = r {
@@ -462,6 +477,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
                     .and_then(|st| st.ready_replicas)
                     .unwrap_or(0),
             );
+            observed.stateful_set = Some(own_stateful_set(&s));
             Some(s)
         }
         Some(s) => {
@@ -484,7 +500,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
 
-    let mut desired = reconcile::reconcile(&app, &observed, &facts, &now);
+    let mut desired = reconcile::reconcile_with(&app, &observed, &facts, &now, &ctx.workers);
 
     if !desired.topics.is_empty()
         && let KafkaFacts::Topics(_) = facts
@@ -497,8 +513,11 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
             message: e.clone(),
         });
     }
+    let mut sts_applied = false;
     if let Some(objects) = &desired.objects {
-        let refused = apply_objects(ctx, &ns, objects, &desired.hold, own_sts.as_ref()).await?;
+        let (refused, applied) =
+            apply_objects(ctx, &ns, objects, &desired.hold, own_sts.as_ref()).await?;
+        sts_applied = applied;
         desired.add_problems(&prev, app.metadata.generation, refused, &now);
     }
     patch_status(raw, ctx, &desired.status).await?;
@@ -511,6 +530,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         ctx.wrote_generation(&uid, a.generation);
     }
     publish(ctx, raw, &desired.events).await;
+    if sts_applied {
+        publish(ctx, raw, &desired.lifecycle).await;
+    }
     // Moves waiting for a catch-up are looked at every second (a report usually wakes the
     // reconcile sooner); otherwise every 10 s, since a worker that stops reporting sends
     // no event (`STALE_REPORT_SECONDS`); a Degraded app is retried as often.
@@ -622,18 +644,46 @@ async fn publish(ctx: &Ctx, raw: &RawApp, events: &[reconcile::Event]) {
     }
 }
 
+/// What the app's own StatefulSet shows for the lifecycle events: its replicas, the revision
+/// every pod runs once a rollout is complete (as `kubectl rollout status` judges it), and the
+/// one last recorded.
+fn own_stateful_set(s: &StatefulSet) -> reconcile::OwnStatefulSet {
+    let replicas = s.spec.replicas.unwrap_or(1);
+    let rolled_out = s.status.as_ref().and_then(|st| {
+        let current =
+            st.observed_generation.is_some() && st.observed_generation >= s.metadata.generation;
+        let done = current
+            && st.update_revision.is_some()
+            && st.current_revision == st.update_revision
+            && st.updated_replicas.unwrap_or(0) >= replicas
+            && st.ready_replicas.unwrap_or(0) >= replicas;
+        done.then(|| st.update_revision.clone()).flatten()
+    });
+    reconcile::OwnStatefulSet {
+        replicas,
+        rolled_out,
+        announced: s
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(reconcile::ROLLED_OUT).cloned()),
+    }
+}
+
 /// Server-side apply each object not held back, the StatefulSet last and only when the
 /// objects its pods use are in place. An object the API server refuses is a problem of the
 /// app (the others are still applied); a failure to reach the API server is an error.
+/// Returns the problems and whether the StatefulSet was applied.
 async fn apply_objects(
     ctx: &Ctx,
     ns: &str,
     objects: &Objects,
     hold: &std::collections::BTreeSet<Kind>,
     own_sts: Option<&StatefulSet>,
-) -> Result<Vec<Problem>, Error> {
+) -> Result<(Vec<Problem>, bool), Error> {
     let mut problems = Vec::new();
     let mut refused: Vec<Kind> = Vec::new();
+    let mut sts_applied = false;
     for m in objects.manifests()? {
         if hold.contains(&m.kind)
             || (m.kind == Kind::StatefulSet && refused.iter().any(|k| k.needed_by_workers()))
@@ -650,7 +700,7 @@ async fn apply_objects(
             )
             .await
         {
-            Ok(_) => {}
+            Ok(_) => sts_applied |= m.kind == Kind::StatefulSet,
             // 4xx but throttling: the request itself is refused, retrying it as is won't help.
             Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
                 tracing::warn!(kind = %m.kind, name = %m.name, ns, "apply refused: {}", s.message);
@@ -663,7 +713,7 @@ async fn apply_objects(
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(problems)
+    Ok((problems, sts_applied))
 }
 
 /// Patch the status by a JSON merge patch holding only what changed since the stored one.

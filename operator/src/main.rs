@@ -4,7 +4,8 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::routing::get;
 use clap::{Parser, Subcommand};
-use eddy_operator::{controller, leader, metrics::Metrics};
+use eddy_operator::{controller, leader, metrics::Metrics, resources};
+use eddy_telemetry::logging::LogFormat;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -17,6 +18,15 @@ use std::sync::Arc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log output on stderr: `text`, or `json` (one object per line, for log collectors).
+    #[arg(
+        long,
+        global = true,
+        env = "EDDY_LOG_FORMAT",
+        default_value = "text",
+        value_name = "text|json"
+    )]
+    log_format: LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -48,19 +58,26 @@ enum Command {
             value_name = "NS,..."
         )]
         watch_namespaces: Vec<String>,
+        /// Log output of the worker pods (`EDDY_LOG_FORMAT` in their pod template): `text`,
+        /// or `json`. An app's `podTemplate` may set its own.
+        #[arg(
+            long,
+            env = "EDDY_OPERATOR_WORKER_LOG_FORMAT",
+            default_value = "text",
+            value_name = "text|json"
+        )]
+        worker_log_format: LogFormat,
+        /// Worker image of the apps that do not name one in `spec.image` (the chart's
+        /// `workerImage`; default `ghcr.io/eddy-dev/eddy-worker:<this operator's version>`).
+        #[arg(long, env = "EDDY_OPERATOR_WORKER_IMAGE", value_name = "IMAGE")]
+        worker_image: Option<String>,
     },
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("EDDY_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    eddy_telemetry::logging::init(cli.log_format, "info,kube=warn");
+    match cli.command {
         Command::Crd => {
             print!("{}", serde_yaml::to_string(&eddy_crds::resource::crd())?);
             Ok(())
@@ -75,14 +92,32 @@ fn main() -> anyhow::Result<()> {
             identity,
             install_crd,
             watch_namespaces,
+            worker_log_format,
+            worker_image,
         } => {
             let scope = controller::Scope::new(&watch_namespaces)?;
+            let workers = worker_settings(worker_log_format, worker_image);
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()?
-                .block_on(run(http_addr, namespace, identity, install_crd, scope))
+                .block_on(run(
+                    http_addr,
+                    namespace,
+                    identity,
+                    install_crd,
+                    scope,
+                    workers,
+                ))
         }
+    }
+}
+
+fn worker_settings(log_format: LogFormat, image: Option<String>) -> resources::WorkerSettings {
+    resources::WorkerSettings {
+        log_format,
+        // `EDDY_OPERATOR_WORKER_IMAGE=` means the default, not an image named "".
+        image: image.filter(|i| !i.trim().is_empty()),
     }
 }
 
@@ -92,7 +127,9 @@ async fn run(
     identity: Option<String>,
     install_crd: bool,
     scope: controller::Scope,
+    workers: resources::WorkerSettings,
 ) -> anyhow::Result<()> {
+    let mut stop = stopping();
     let identity = identity.unwrap_or_else(|| format!("eddy-operator-{}", std::process::id()));
     let client = kube::Client::try_default()
         .await
@@ -130,21 +167,102 @@ async fn run(
             .await
             .context("installing the CRD")?;
     }
-    let lost = leader::lead(
-        client.clone(),
-        &namespace,
-        "eddy-operator-leader",
-        &identity,
-    )
-    .await;
+    let lease_name = "eddy-operator-leader";
+    let mut leadership = tokio::select! {
+        l = leader::lead(client.clone(), &namespace, lease_name, &identity) => l,
+        _ = stop.wait_for(|s| *s) => {
+            tracing::info!("stopping (not the leader)");
+            return Ok(());
+        }
+    };
     metrics.leader.set(1);
     tracing::info!("leading: reconciling StatefulStreamApps in {scope}");
     let result = tokio::select! {
-        _ = controller::run(client, metrics.clone(), identity, scope) => Ok(()),
-        _ = lost => Err(anyhow::anyhow!("lost the leader lease: stopping so a follower takes over")),
+        // Returns once stopped by a signal and the reconciles under way have finished.
+        _ = controller::run(client, metrics.clone(), identity, scope, workers, stop.clone()) => Ok(()),
+        _ = leadership.lost() => Err(anyhow::anyhow!("lost the leader lease: stopping so a follower takes over")),
     };
     // Only the leader shows the apps (a scrape between here and the exit must not show two).
     metrics.leader.set(0);
     metrics.clear_apps();
+    if result.is_ok() {
+        // Hand over now rather than let a follower wait out the lease.
+        match leadership.release().await {
+            Ok(true) => tracing::info!("released the leader lease"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                "releasing the leader lease: {e}: a follower takes over once it expires ({} s)",
+                leader::LEASE_SECONDS
+            ),
+        }
+    }
     result
+}
+
+/// Turns true on the first SIGTERM or SIGINT: the controllers finish the reconciles under way
+/// and the leader releases its lease. A second signal exits at once.
+fn stopping() -> tokio::sync::watch::Receiver<bool> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    tokio::spawn(async move {
+        let (mut term, mut int) = match (term, int) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(
+                    "cannot handle SIGTERM/SIGINT ({e}): they stop the operator without releasing its lease"
+                );
+                // Keeps `tx`: a closed channel would read as "stop".
+                std::future::pending::<()>().await;
+                drop(tx);
+                return;
+            }
+        };
+        for n in 0.. {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if n > 0 {
+                tracing::warn!("second signal: exiting now");
+                std::process::exit(1);
+            }
+            tracing::info!("stopping: finishing the reconciles under way");
+            let _ = tx.send(true);
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workers(args: &[&str]) -> resources::WorkerSettings {
+        let argv = [&["eddy-operator", "run"][..], args].concat();
+        match Cli::try_parse_from(argv)
+            .expect("the arguments parse")
+            .command
+        {
+            Command::Run {
+                worker_log_format,
+                worker_image,
+                ..
+            } => worker_settings(worker_log_format, worker_image),
+            _ => panic!("not `run`"),
+        }
+    }
+
+    #[test]
+    fn worker_image_names_the_image_of_apps_without_one_and_empty_means_the_default() {
+        assert_eq!(workers(&[]).image, None);
+        assert_eq!(
+            workers(&["--worker-image", "registry.example.com/t/eddy-worker:0.1.0"])
+                .image
+                .as_deref(),
+            Some("registry.example.com/t/eddy-worker:0.1.0")
+        );
+        assert_eq!(workers(&["--worker-image", ""]).image, None);
+    }
 }

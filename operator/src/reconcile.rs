@@ -38,7 +38,26 @@ pub struct Observed {
     /// The app's worker pods by name (a pod without a Pod object is absent). None: not
     /// observed, every pod counts as up.
     pub pods: Option<BTreeMap<String, PodObserved>>,
+    /// The app's own worker StatefulSet, if it exists.
+    pub stateful_set: Option<OwnStatefulSet>,
 }
+
+/// What the app's own StatefulSet shows, for the lifecycle events.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OwnStatefulSet {
+    /// `spec.replicas`.
+    pub replicas: i32,
+    /// The revision of the pod template every pod runs, once a rollout is complete (the
+    /// StatefulSet controller saw the current spec, every pod is updated and Ready); None
+    /// while one is under way.
+    pub rolled_out: Option<String>,
+    /// The revision the operator last saw rolled out ([`ROLLED_OUT`]).
+    pub announced: Option<String>,
+}
+
+/// Annotation on the StatefulSet: the revision last seen rolled out, so a `RolledOut` event is
+/// published once per rollout, by whichever operator replica leads.
+pub const ROLLED_OUT: &str = "eddy.dev/rolled-out-revision";
 
 /// An object that holds a name this app needs and is not controlled by it.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,6 +86,9 @@ pub struct Desired {
     pub topics: Vec<InternalTopic>,
     pub status: AppStatus,
     pub events: Vec<Event>,
+    /// Normal events about the StatefulSet (`Created`, `Scaled`, `RolledOut`): to publish only
+    /// once it was applied, which also records that they were.
+    pub lifecycle: Vec<Event>,
     pub problems: Vec<Problem>,
     /// What the assignor is doing (None when it did not run: the app cannot be placed).
     pub progress: Option<placement::Progress>,
@@ -106,12 +128,30 @@ impl Desired {
     }
 }
 
-/// Decide. `now` is an RFC 3339 timestamp for condition transitions.
+/// Decide, with the operator's default worker settings. `now` is an RFC 3339 timestamp for
+/// condition transitions.
 pub fn reconcile(
     app: &StatefulStreamApp,
     observed: &Observed,
     kafka: &KafkaFacts,
     now: &str,
+) -> Desired {
+    reconcile_with(
+        app,
+        observed,
+        kafka,
+        now,
+        &resources::WorkerSettings::default(),
+    )
+}
+
+/// Decide, running the workers with `workers` (the operator's flags).
+pub fn reconcile_with(
+    app: &StatefulStreamApp,
+    observed: &Observed,
+    kafka: &KafkaFacts,
+    now: &str,
+    workers: &resources::WorkerSettings,
 ) -> Desired {
     let name = resources::name(app);
     let prev = app.status.clone().unwrap_or_default();
@@ -153,7 +193,7 @@ pub fn reconcile(
     let spec_hash = hash(&app.spec);
     let mut hold = BTreeSet::new();
     // An invalid spec changes no object: the workers keep running what they ran.
-    let mut objects = match resources::build(app, &spec_hash, &application_id) {
+    let mut objects = match resources::build(app, &spec_hash, &application_id, workers) {
         Ok(o) if problems.is_empty() => Some(o),
         Ok(_) => None,
         Err(e) => {
@@ -272,6 +312,13 @@ pub fn reconcile(
             Some(placement::hold_replicas(replicas, prev.assignment.as_ref()));
     }
 
+    let lifecycle = match objects.as_mut() {
+        Some(o) if !hold.contains(&Kind::StatefulSet) => {
+            lifecycle(&name, &mut o.stateful_set, observed.stateful_set.as_ref())
+        }
+        _ => Vec::new(),
+    };
+
     // A worker's report goes once its pod is gone and the assignment gives it nothing (the
     // hand-off of its tasks may still look at it until then).
     status.workers.retain(|pod, _| {
@@ -305,9 +352,64 @@ pub fn reconcile(
         topics: topics_to_create,
         status,
         events,
+        lifecycle,
         problems,
         progress,
     }
+}
+
+/// The lifecycle steps applying `desired` takes, as Normal events: the StatefulSet created,
+/// scaled (from the replicas it has to the ones it gets), or a change of its pod template
+/// rolled out to every pod. Marks the rollout seen on `desired`, so it is told once.
+fn lifecycle(
+    name: &str,
+    desired: &mut StatefulSet,
+    observed: Option<&OwnStatefulSet>,
+) -> Vec<Event> {
+    let normal = |reason: &str, message: String| Event {
+        warning: false,
+        reason: reason.into(),
+        message,
+    };
+    let to = desired.spec.replicas.unwrap_or(0);
+    let Some(seen) = observed else {
+        return vec![normal(
+            "Created",
+            format!(
+                "created StatefulSet {name} with {to} worker pod(s), its headless Service, ConfigMap, ServiceAccount, Role, RoleBinding and PodDisruptionBudget"
+            ),
+        )];
+    };
+    let mut events = Vec::new();
+    if seen.replicas != to {
+        events.push(normal(
+            "Scaled",
+            format!(
+                "scaled StatefulSet {name} from {} to {to} worker pod(s)",
+                seen.replicas
+            ),
+        ));
+    }
+    // An app first seen by an operator that did not record rollouts yet gets no event.
+    if let (Some(done), Some(before)) = (&seen.rolled_out, &seen.announced)
+        && done != before
+    {
+        events.push(normal(
+            "RolledOut",
+            format!(
+                "the new worker pod template reached every pod of StatefulSet {name} ({} pod(s) updated and Ready; revision {done})",
+                seen.replicas
+            ),
+        ));
+    }
+    if let Some(revision) = seen.rolled_out.as_ref().or(seen.announced.as_ref()) {
+        desired
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(ROLLED_OUT.to_string(), revision.clone());
+    }
+    events
 }
 
 /// `warmup.acceptableRecoveryLag`, defaulted.
@@ -385,6 +487,7 @@ pub fn unreadable(meta: &ObjectMeta, prev: &AppStatus, message: &str, now: &str)
         hold: BTreeSet::new(),
         topics: Vec::new(),
         events: warnings(&problems, prev),
+        lifecycle: Vec::new(),
         status,
         problems,
         progress: None,
@@ -1026,6 +1129,152 @@ mod tests {
         let d = reconcile(&explicit, &Observed::default(), &facts, "t0");
         assert_eq!(env_of(&d, "EDDY_APPLICATION_ID").as_deref(), Some("views"));
         assert!(d.topics.iter().all(|t| t.name.starts_with("views-")));
+    }
+
+    #[test]
+    fn workers_log_in_the_operators_worker_log_format_unless_the_pod_template_says_otherwise() {
+        let facts = kafka(&[("views", 2)]);
+        let d = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        assert_eq!(
+            env_of(&d, "EDDY_LOG_FORMAT"),
+            None,
+            "the default leaves the pods as they were"
+        );
+        let json = resources::WorkerSettings {
+            log_format: eddy_telemetry::logging::LogFormat::Json,
+            ..Default::default()
+        };
+        let d = reconcile_with(&app(PV), &Observed::default(), &facts, "t0", &json);
+        assert_eq!(env_of(&d, "EDDY_LOG_FORMAT").as_deref(), Some("json"));
+        let own = app(&PV.replace(
+            "replicas: 2\n",
+            "replicas: 2\n  podTemplate: {spec: {containers: [{name: worker, env: [{name: EDDY_LOG_FORMAT, value: text}]}]}}\n",
+        ));
+        let d = reconcile_with(&own, &Observed::default(), &facts, "t0", &json);
+        assert_eq!(env_of(&d, "EDDY_LOG_FORMAT").as_deref(), Some("text"));
+    }
+
+    #[test]
+    fn workers_run_the_apps_image_else_the_operators_worker_image_else_the_crate_versions() {
+        let facts = kafka(&[("views", 2)]);
+        let image = |d: &Desired| {
+            let o = d.objects.as_ref().expect("objects");
+            let pod = o
+                .stateful_set
+                .spec
+                .template
+                .spec
+                .as_ref()
+                .expect("pod spec");
+            pod.containers[0].image.clone()
+        };
+        let d = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        assert_eq!(
+            image(&d).as_deref(),
+            Some(concat!(
+                "ghcr.io/eddy-dev/eddy-worker:",
+                env!("CARGO_PKG_VERSION")
+            ))
+        );
+        let mirror = resources::WorkerSettings {
+            image: Some("registry.example.com/team/eddy-worker:0.1.0".into()),
+            ..Default::default()
+        };
+        let d = reconcile_with(&app(PV), &Observed::default(), &facts, "t0", &mirror);
+        assert_eq!(
+            image(&d).as_deref(),
+            Some("registry.example.com/team/eddy-worker:0.1.0")
+        );
+        let own = app(&PV.replace("replicas: 2\n", "replicas: 2\n  image: mine:1\n"));
+        let d = reconcile_with(&own, &Observed::default(), &facts, "t0", &mirror);
+        assert_eq!(
+            image(&d).as_deref(),
+            Some("mine:1"),
+            "the app's spec.image wins"
+        );
+    }
+
+    #[test]
+    fn creating_scaling_and_rolling_out_the_statefulset_are_normal_events_told_once() {
+        let facts = kafka(&[("views", 2), ("out", 2)]);
+        let seen = |replicas, rolled_out: Option<&str>, announced: Option<&str>| Observed {
+            ready_replicas: Some(replicas),
+            stateful_set: Some(OwnStatefulSet {
+                replicas,
+                rolled_out: rolled_out.map(str::to_string),
+                announced: announced.map(str::to_string),
+            }),
+            ..Default::default()
+        };
+        let told = |d: &Desired| -> Vec<(String, String)> {
+            d.lifecycle
+                .iter()
+                .inspect(|e| assert!(!e.warning, "{e:?}"))
+                .map(|e| (e.reason.clone(), e.message.clone()))
+                .collect()
+        };
+        let annotation = |d: &Desired| {
+            let o = d.objects.as_ref().expect("objects");
+            o.stateful_set
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ROLLED_OUT).cloned())
+        };
+
+        let d = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        let events = told(&d);
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].0, "Created");
+        assert!(
+            events[0].1.contains("StatefulSet pv with 2 worker pod(s)"),
+            "{events:?}"
+        );
+        assert!(d.events.iter().all(|e| e.reason != "Created"));
+
+        // The first rollout seen is the creation's: recorded, not told.
+        let d = reconcile(&app(PV), &seen(2, Some("pv-1"), None), &facts, "t1");
+        assert_eq!(told(&d), []);
+        assert_eq!(annotation(&d).as_deref(), Some("pv-1"));
+
+        let three = app(&PV.replace("replicas: 2", "replicas: 3"));
+        let d = reconcile(&three, &seen(2, Some("pv-1"), Some("pv-1")), &facts, "t2");
+        assert_eq!(
+            told(&d),
+            [(
+                "Scaled".to_string(),
+                "scaled StatefulSet pv from 2 to 3 worker pod(s)".to_string()
+            )]
+        );
+
+        // A rollout under way keeps the last one recorded; once done it is told, once.
+        let d = reconcile(&app(PV), &seen(2, None, Some("pv-1")), &facts, "t3");
+        assert_eq!(told(&d), []);
+        assert_eq!(annotation(&d).as_deref(), Some("pv-1"));
+        let d = reconcile(&app(PV), &seen(2, Some("pv-2"), Some("pv-1")), &facts, "t4");
+        let events = told(&d);
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].0, "RolledOut");
+        assert!(
+            events[0].1.contains(
+                "every pod of StatefulSet pv (2 pod(s) updated and Ready; revision pv-2)"
+            ),
+            "{events:?}"
+        );
+        assert_eq!(annotation(&d).as_deref(), Some("pv-2"));
+        let d = reconcile(&app(PV), &seen(2, Some("pv-2"), Some("pv-2")), &facts, "t5");
+        assert_eq!(told(&d), []);
+
+        // A StatefulSet held back (its name is someone else's) is neither created nor told.
+        let taken = Observed {
+            foreign: vec![Foreign {
+                kind: Kind::StatefulSet,
+                name: "pv".into(),
+                holder: "it has no owner".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(told(&reconcile(&app(PV), &taken, &facts, "t6")), []);
     }
 
     fn claim(ns: &str, name: &str, day: u8, id: &str) -> AppClaim {

@@ -8,6 +8,7 @@ mod pod_template;
 
 use eddy_crds::resource::StatefulStreamApp;
 use eddy_crds::spec::CleanupPolicy;
+use eddy_telemetry::logging::LogFormat;
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
@@ -26,7 +27,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use std::collections::BTreeMap;
 
-/// Default worker image when the spec names none.
+/// Worker image when neither the spec nor the operator's `--worker-image` names one: what
+/// images/build.sh tags, the crate version (a test below keeps them in step).
 pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/eddy-dev/eddy-worker:", env!("CARGO_PKG_VERSION"));
 pub const HTTP_PORT: i32 = 9090;
 /// The worker pods' main container (the assignor reads its state).
@@ -199,11 +201,21 @@ pub fn config_map_name(app: &StatefulStreamApp) -> String {
     format!("{}-app", name(app))
 }
 
+/// How the operator runs every app's workers (its own flags), besides what the app says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerSettings {
+    /// `EDDY_LOG_FORMAT` of the workers (`--worker-log-format`).
+    pub log_format: LogFormat,
+    /// Image of the apps that do not name one (`--worker-image`); `None`: [`DEFAULT_IMAGE`].
+    pub image: Option<String>,
+}
+
 /// The app's objects; its workers run under `application_id`.
 pub fn build(
     app: &StatefulStreamApp,
     spec_hash: &str,
     application_id: &str,
+    workers: &WorkerSettings,
 ) -> Result<Objects, String> {
     Ok(Objects {
         config_map: config_map(app)?,
@@ -214,7 +226,7 @@ pub fn build(
         },
         role: role(app),
         role_binding: role_binding(app),
-        stateful_set: stateful_set(app, spec_hash, application_id)?,
+        stateful_set: stateful_set(app, spec_hash, application_id, workers)?,
         pdb: pdb(app),
     })
 }
@@ -373,6 +385,7 @@ fn stateful_set(
     app: &StatefulStreamApp,
     spec_hash: &str,
     application_id: &str,
+    workers: &WorkerSettings,
 ) -> Result<StatefulSet, String> {
     let spec = &app.spec;
     let storage = spec.storage.clone().unwrap_or_default();
@@ -389,11 +402,25 @@ fn stateful_set(
         field_env("EDDY_INSTANCE_ID", "metadata.name"),
         field_env("EDDY_NAMESPACE", "metadata.namespace"),
     ];
+    // Only when not the default: pods of operators without the flag stay as they were (a
+    // changed template would roll every app's pods).
+    if workers.log_format != LogFormat::default() {
+        env_vars.push(env(
+            eddy_telemetry::logging::FORMAT_ENV,
+            workers.log_format.as_str(),
+        ));
+    }
     let (kafka_env, kafka_volumes, kafka_mounts) = kafka_credentials(&spec.kafka);
     env_vars.extend(kafka_env);
     let container = Container {
         name: WORKER_CONTAINER.into(),
-        image: Some(spec.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into())),
+        image: Some(
+            spec.image
+                .as_deref()
+                .or(workers.image.as_deref())
+                .unwrap_or(DEFAULT_IMAGE)
+                .into(),
+        ),
         args: Some(vec!["run".into()]),
         env: Some(env_vars),
         ports: Some(vec![ContainerPort {
@@ -572,5 +599,65 @@ fn pdb(app: &StatefulStreamApp) -> PodDisruptionBudget {
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DEFAULT_IMAGE;
+    use std::path::Path;
+
+    fn repo_file(path: &str) -> String {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    fn yaml(path: &str) -> serde_yaml::Value {
+        serde_yaml::from_str(&repo_file(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// images/build.sh tags what it builds `<registry>/eddy-{worker,operator}:<crate version>`:
+    /// the worker image the operator puts in StatefulSets and the operator image the chart
+    /// deploys must be exactly those, or an install pulls images nobody built.
+    #[test]
+    fn chart_and_operator_name_the_images_build_sh_makes() {
+        let version = env!("CARGO_PKG_VERSION");
+        let script = repo_file("images/build.sh");
+        let registry = script
+            .lines()
+            .find_map(|l| l.strip_prefix("default_registry="))
+            .expect("images/build.sh has a default_registry= line");
+        assert_eq!(
+            DEFAULT_IMAGE,
+            format!("{registry}/eddy-worker:{version}"),
+            "the operator's default worker image"
+        );
+        let chart = yaml("charts/eddy-operator/Chart.yaml");
+        assert_eq!(
+            chart["appVersion"].as_str(),
+            Some(version),
+            "charts/eddy-operator/Chart.yaml: appVersion is the operator image's tag, the crate version"
+        );
+        let values = yaml("charts/eddy-operator/values.yaml");
+        assert_eq!(
+            values["image"]["repository"].as_str(),
+            Some(format!("{registry}/eddy-operator").as_str()),
+            "charts/eddy-operator/values.yaml: image.repository"
+        );
+        assert_eq!(
+            values["image"]["tag"].as_str(),
+            Some(""),
+            "charts/eddy-operator/values.yaml: image.tag stays empty, so the tag follows appVersion"
+        );
+        assert_eq!(
+            values["workerImage"]["repository"].as_str(),
+            Some(format!("{registry}/eddy-worker").as_str()),
+            "charts/eddy-operator/values.yaml: workerImage.repository"
+        );
+        assert_eq!(
+            values["workerImage"]["tag"].as_str(),
+            Some(""),
+            "charts/eddy-operator/values.yaml: workerImage.tag stays empty, so the tag follows appVersion"
+        );
     }
 }

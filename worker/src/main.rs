@@ -3,6 +3,7 @@
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use eddy_crds::upgrade::Version;
+use eddy_telemetry::logging::LogFormat;
 use eddy_worker::metrics::Metrics;
 use eddy_worker::{Overrides, Status, WorkerConfig};
 use std::io::Read as _;
@@ -22,6 +23,15 @@ use std::time::Duration;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log output on stderr: `text`, or `json` (one object per line, for log collectors).
+    #[arg(
+        long,
+        global = true,
+        env = "EDDY_LOG_FORMAT",
+        default_value = "text",
+        value_name = "text|json"
+    )]
+    log_format: LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -83,16 +93,9 @@ fn processing_stack(expression_timeout: Duration) -> usize {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("EDDY_LOG").unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn")
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    eddy_telemetry::logging::init(cli.log_format, "info,librdkafka=warn,rdkafka=warn");
+    let result = match cli.command {
         Command::Check(a) => check(a),
         Command::Run(a) => run(a).map(|()| ExitCode::SUCCESS),
     };

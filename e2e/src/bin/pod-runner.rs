@@ -10,8 +10,9 @@
 //!   `ROOT/pvcs/<ns>/<claim>/` (kept until the PVC object is deleted), and every env var whose
 //!   value starts with a `mountPath` is rewritten to the host dir;
 //! - `EDDY_HTTP_ADDR` becomes `127.0.0.1:<free port>`, written to `ROOT/pods/<ns>/<pod>/http`
-//!   (so tests can scrape a pod's metrics); the readiness probe's `httpGet` goes there (every
-//!   second) and drives the `Ready` condition;
+//!   and to the pod's annotation `e2e.eddy.dev/http-addr` (so tests, and a Prometheus
+//!   discovering pods through the API server, can scrape a pod's metrics); the readiness
+//!   probe's `httpGet` goes there (every second) and drives the `Ready` condition;
 //! - `KUBECONFIG` points at a kubeconfig holding a token of the pod's ServiceAccount (so the
 //!   process has exactly the pod's RBAC), and `EDDY_POD_RUNNER=1` is set;
 //! - stdout and stderr are appended to `ROOT/pods/<ns>/<pod>/log`;
@@ -627,6 +628,17 @@ impl Supervisor {
             std::fs::write(self.dir.join("http"), addr.as_bytes()).map_err(|e| {
                 config_err(anyhow!("writing {}: {e}", self.dir.join("http").display()))
             })?;
+            // For a Prometheus discovering pods through the API server: the pod's IP and
+            // container port say 127.0.0.1:9090, which is not where it listens.
+            let api: Api<Pod> = Api::namespaced(self.rt.client.clone(), &self.ns);
+            let patch = json!({"metadata": {"uid": self.uid,
+                "annotations": {eddy_e2e::k8s::POD_HTTP_ANNOTATION: addr.as_str()}}});
+            if let Err(e) = api
+                .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                warn!(pod = %format!("{}/{}", self.ns, self.name), "annotating the HTTP address: {e}");
+            }
         }
         self.probe = container
             .readiness_probe
