@@ -181,12 +181,14 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
             format!("must be 0 or more, got {r}"),
         ));
     }
-    if let (Some(s), Some(r)) = (spec.num_standby_replicas, spec.replicas)
-        && (s < 0 || (r > 0 && s >= r))
+    // More standbys than other pods is not an error: as many as fit are placed (the status
+    // says so), so scaling down below numStandbyReplicas + 1 is not refused.
+    if let Some(s) = spec.num_standby_replicas
+        && s < 0
     {
         return Err(invalid(
             f("numStandbyReplicas".into()),
-            format!("must be between 0 and replicas-1 ({}), got {s}", r - 1),
+            format!("must be 0 or more, got {s}"),
         ));
     }
     if let Some(w) = &spec.warmup {
@@ -456,9 +458,14 @@ spec:
             "{e}"
         );
         let e = err(
-            "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nspec:\n  replicas: 2\n  numStandbyReplicas: 2\n  topology: [{from: {topic: a}}]\n",
+            "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nspec:\n  replicas: 2\n  numStandbyReplicas: -1\n  topology: [{from: {topic: a}}]\n",
         );
         assert!(e.contains("spec.numStandbyReplicas"), "{e}");
+        // More standbys than other pods: as many as fit, so scaling down is not refused.
+        parse_app(
+            "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nspec:\n  replicas: 1\n  numStandbyReplicas: 1\n  topology: [{from: {topic: a}}]\n",
+        )
+        .expect("numStandbyReplicas >= replicas is accepted");
         let e = err("warmup: {maxWarmupReplicas: 0}\ntopology: [{from: {topic: a}}]\n");
         assert!(
             e.contains("warmup.maxWarmupReplicas") && e.contains("at least 1"),

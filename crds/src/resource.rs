@@ -192,10 +192,6 @@ pub struct TaskStatus {
 /// Admission rules a structural schema cannot say, as CEL on the spec.
 const SPEC_RULES: &[(&str, &str)] = &[
     (
-        "!has(self.numStandbyReplicas) || !has(self.replicas) || self.replicas == 0 || self.numStandbyReplicas < self.replicas",
-        "numStandbyReplicas must be less than replicas: a standby never shares a pod with its active task",
-    ),
-    (
         "!has(self.processingGuarantee) || self.processingGuarantee != 'exactly_once' || (has(self.commitIntervalMs) ? self.commitIntervalMs : 100) * 2 <= (has(self.transactionTimeoutMs) ? self.transactionTimeoutMs : 30000)",
         "under exactly_once, commitIntervalMs must be at most half of transactionTimeoutMs (default 30000): lower commitIntervalMs or raise transactionTimeoutMs",
     ),

@@ -338,19 +338,19 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
 
     // Nonsense is rejected at admission with what to fix; a missing topic is Degraded.
     let bad = app_yaml(
-        "bad-standbys",
+        "bad-timeout",
         2,
         bs,
         &input,
         &output,
-        "  numStandbyReplicas: 2\n",
+        "  transactionTimeoutMs: 10\n",
     );
     let err = env
         .kubectl(&["-n", ns, "apply", "-f", "-"], Some(&bad))
         .expect_err("admission must refuse");
     ensure!(
         err.to_string()
-            .contains("numStandbyReplicas must be less than replicas"),
+            .contains("transactionTimeoutMs must be between 1000 and 900000"),
         "{err}"
     );
     let missing = app_yaml("missing-topic", 1, bs, "no-such-topic", &output, "");

@@ -350,6 +350,24 @@ fn a_deleted_pods_tasks_resume_on_their_standbys_from_a_tail() -> Result<()> {
             .all(|(k, n)| last.get(k).and_then(|v| v.last()) == Some(n)))
     })
     .with_context(|| env.logs())?;
+
+    // Scaled below numStandbyReplicas + 1: accepted, as many standbys as fit (none), and the
+    // status says so.
+    scale(env, ns, "sb", 1)?;
+    wait_settled(env, ns, "sb", 1)?;
+    let (_, s) = status(env, ns, "sb")?;
+    let progressing = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Progressing")
+        .context("no Progressing condition")?;
+    ensure!(
+        progressing
+            .message
+            .contains("6 tasks have fewer standbys than numStandbyReplicas 1"),
+        "{}",
+        progressing.message
+    );
     env.delete_apps(ns)?;
     Ok(())
 }

@@ -601,6 +601,10 @@ fn conclude(
         ),
         _ => ("Stable", "every task runs where it is assigned".to_string()),
     };
+    let p_message = match progress.and_then(|p| p.note.as_deref()) {
+        Some(note) => format!("{p_message}; {note}"),
+        None => p_message,
+    };
     // What the assignor does (moving, draining, failing over) says more than the phase.
     let (progressing, p_reason, p_message) = match progress {
         Some(p) if degraded.is_none() && p.reason != placement::Reason::Stable => {
@@ -810,7 +814,7 @@ mod tests {
     #[test]
     fn invalid_spec_is_degraded_and_creates_no_topics() {
         let bad = app(
-            "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {name: pv}\nspec:\n  replicas: 2\n  numStandbyReplicas: 5\n  topology:\n    - from: {topic: views}\n",
+            "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {name: pv}\nspec:\n  replicas: 2\n  numStandbyReplicas: -1\n  topology:\n    - from: {topic: views}\n",
         );
         let d = reconcile(&bad, &Observed::default(), &kafka(&[("views", 4)]), "t0");
         let deg = d

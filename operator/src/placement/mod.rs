@@ -103,6 +103,8 @@ impl fmt::Display for Reason {
 pub struct Progress {
     pub reason: Reason,
     pub message: String,
+    /// What the status says whatever the reason (tasks short of standbys).
+    pub note: Option<String>,
 }
 
 /// A task whose active changed pods in this step.
@@ -215,6 +217,7 @@ pub fn place(input: &Input) -> Placement {
             progress: Progress {
                 reason: Reason::Stable,
                 message: "scaled to 0: no task runs".into(),
+                note: None,
             },
             moves: Vec::new(),
         };
@@ -390,6 +393,12 @@ pub fn place(input: &Input) -> Placement {
         lag,
     );
     let warmups = warmup::select(&pending, &standbys, &prev_warmups, input.max_warmups);
+    // With fewer pods up than numStandbyReplicas + 1, as many standbys as fit (as Kafka
+    // Streams does), said in the status.
+    let short_standbys = stateful_tasks
+        .iter()
+        .filter(|t| standbys.get(t).map_or(0, Vec::len) < input.standby_replicas)
+        .count();
 
     // The StatefulSet keeps a leaving pod until it holds no active, in the assignment and
     // in its own report (it has let its tasks go), or is down.
@@ -460,6 +469,8 @@ pub fn place(input: &Input) -> Placement {
             standbys: &standbys,
             warmups: &warmups,
             lag: &lag,
+            short_standbys,
+            up: staying.len(),
         },
     );
     let down: Vec<String> = {
@@ -484,9 +495,28 @@ struct ProgressFacts<'a> {
     standbys: &'a BTreeMap<TaskId, Vec<String>>,
     warmups: &'a [(TaskId, String)],
     lag: &'a dyn Fn(&str, TaskId) -> Option<i64>,
+    /// Stateful tasks with fewer standbys than `numStandbyReplicas`.
+    short_standbys: usize,
+    /// Staying pods that are up.
+    up: usize,
 }
 
 fn progress(input: &Input, f: &ProgressFacts) -> Progress {
+    let note = (f.short_standbys > 0).then(|| {
+        format!(
+            "{} tasks have fewer standbys than numStandbyReplicas {}: {} pods are up, and a standby never shares its active's pod",
+            f.short_standbys, input.standby_replicas, f.up
+        )
+    });
+    let (reason, message) = progress_of(input, f);
+    Progress {
+        reason,
+        message,
+        note,
+    }
+}
+
+fn progress_of(input: &Input, f: &ProgressFacts) -> (Reason, String) {
     let warming = || {
         let copies: Vec<String> = f
             .pending
@@ -528,13 +558,13 @@ fn progress(input: &Input, f: &ProgressFacts) -> Progress {
                 }
             })
             .collect();
-        return Progress {
-            reason: Reason::FailingOver,
-            message: format!(
+        return (
+            Reason::FailingOver,
+            format!(
                 "{}: its tasks run on the other pods; it gets tasks again once it reports",
                 pods.join("; ")
             ),
-        };
+        );
     }
     if f.sts > input.replicas {
         let holding: BTreeSet<&String> = f
@@ -555,10 +585,7 @@ fn progress(input: &Input, f: &ProgressFacts) -> Progress {
         if !f.pending.is_empty() {
             message.push_str(&format!("; {}", warming()));
         }
-        return Progress {
-            reason: Reason::Draining,
-            message,
-        };
+        return (Reason::Draining, message);
     }
     if !f.pending.is_empty() {
         let grew = input
@@ -569,15 +596,9 @@ fn progress(input: &Input, f: &ProgressFacts) -> Progress {
         } else {
             Reason::WarmingUp
         };
-        return Progress {
-            reason,
-            message: warming(),
-        };
+        return (reason, warming());
     }
-    Progress {
-        reason: Reason::Stable,
-        message: "every task is where it belongs".into(),
-    }
+    (Reason::Stable, "every task is where it belongs".into())
 }
 
 fn next(

@@ -893,3 +893,34 @@ fn each_entry_names_the_worker_run_it_was_made_for() {
     assert_eq!(p.assignment.pods["a-0"].incarnation.as_deref(), Some("r2"));
     assert_eq!(p.assignment.pods["a-0"].active, held);
 }
+
+#[test]
+fn more_standbys_than_other_pods_places_as_many_as_fit_and_says_so() {
+    let mut sim = Sim::new(&[4], 2);
+    sim.standbys = 2;
+    sim.settle();
+    for t in ["0_0", "0_1", "0_2", "0_3"] {
+        let copies = sim
+            .a()
+            .pods
+            .values()
+            .filter(|p| p.standby.iter().any(|x| x == t))
+            .count();
+        assert_eq!(
+            copies, 1,
+            "{t}: one standby, on the pod that is not its active's"
+        );
+    }
+    let p = sim.step();
+    assert_eq!(p.progress.reason, Reason::Stable);
+    let note = p.progress.note.unwrap_or_default();
+    assert!(
+        note.contains("4 tasks have fewer standbys than numStandbyReplicas 2"),
+        "{note}"
+    );
+    // Scaled down to one pod: no standby fits, every task runs.
+    sim.replicas = 1;
+    sim.settle();
+    assert!(sim.a().pods.values().all(|p| p.standby.is_empty()));
+    assert_eq!(loads(sim.a())["a-0"], 4);
+}
