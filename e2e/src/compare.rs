@@ -501,6 +501,8 @@ fn run_all(o: &Options, bs: &str, input: &str) -> Result<Vec<Row>> {
             args.extend([
                 "--expect".into(),
                 o.records.to_string(),
+                "--expect-repartitioned".into(),
+                (eddy_processed(case, o.records) - o.records).to_string(),
                 "--close-when-processed".into(),
             ]);
             let (seconds, cpu, rss, line) =
