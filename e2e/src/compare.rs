@@ -89,6 +89,30 @@ pub struct Options {
     /// Delete the input topic at the end.
     pub delete_input: bool,
     pub jar: PathBuf,
+    /// Options of Kafka Streams' JVM ([`CONTAINER_JVM`] unless `--jvm-defaults`).
+    pub jvm_opts: Vec<String>,
+}
+
+/// Kafka Streams' JVM by default: the heap a JVM takes by default in a 2 GiB container (a
+/// quarter of it), not a quarter of the benchmark machine's memory, which only inflates RSS.
+pub const CONTAINER_JVM: &[&str] = &["-Xmx512m"];
+
+/// Processing threads of an eddy worker (one loop runs every task): Kafka Streams gets as
+/// many (`num.stream.threads`).
+pub const EDDY_PROCESSING_THREADS: usize = 1;
+
+impl Options {
+    /// One line for reports: how Kafka Streams ran.
+    pub fn kstreams_settings(&self) -> String {
+        let jvm = if self.jvm_opts.is_empty() {
+            "JVM defaults (heap up to a quarter of the machine's memory)".to_string()
+        } else {
+            format!("JVM `{}`", self.jvm_opts.join(" "))
+        };
+        format!(
+            "Kafka Streams: {jvm}, `num.stream.threads={EDDY_PROCESSING_THREADS}` (eddy's processing threads), its defaults otherwise"
+        )
+    }
 }
 
 /// One engine's figures for one run.
@@ -304,9 +328,15 @@ fn restore_eddy(yaml: &str, dir: &Path) -> Result<(f64, f64)> {
 }
 
 /// Run the reference app; returns (wall seconds, cpu, rss, its JSON line).
-fn run_java(jar: &Path, args: &[String], log: &Path) -> Result<(f64, f64, u64, Value)> {
+fn run_java(
+    jar: &Path,
+    jvm_opts: &[String],
+    args: &[String],
+    log: &Path,
+) -> Result<(f64, f64, u64, Value)> {
     let started = Instant::now();
     let mut child = Command::new("java")
+        .args(jvm_opts)
         .arg("-jar")
         .arg(jar)
         .args(args)
@@ -496,6 +526,8 @@ fn run_all(o: &Options, bs: &str, input: &str) -> Result<Vec<Row>> {
                 ks_out.clone(),
                 "--state-dir".into(),
                 kdir.path().join("state").display().to_string(),
+                "--config".into(),
+                format!("num.stream.threads={EDDY_PROCESSING_THREADS}"),
             ];
             let mut args = common.clone();
             args.extend([
@@ -506,7 +538,7 @@ fn run_all(o: &Options, bs: &str, input: &str) -> Result<Vec<Row>> {
                 "--close-when-processed".into(),
             ]);
             let (seconds, cpu, rss, line) =
-                run_java(&o.jar, &args, &kdir.path().join("refapp.log"))?;
+                run_java(&o.jar, &o.jvm_opts, &args, &kdir.path().join("refapp.log"))?;
             let mut ks = Measure {
                 seconds,
                 cpu,
@@ -529,8 +561,12 @@ fn run_all(o: &Options, bs: &str, input: &str) -> Result<Vec<Row>> {
                 std::fs::remove_dir_all(kdir.path().join("state"))?;
                 let mut args = common.clone();
                 args.push("--restore-only".into());
-                let (wall, _, _, line) =
-                    run_java(&o.jar, &args, &kdir.path().join("refapp-restore.log"))?;
+                let (wall, _, _, line) = run_java(
+                    &o.jar,
+                    &o.jvm_opts,
+                    &args,
+                    &kdir.path().join("refapp-restore.log"),
+                )?;
                 // Same as eddy's: process start → every task restored and RUNNING (JVM
                 // start included). `to_running_seconds` (KafkaStreams#start → RUNNING) is kept
                 // as `restore_from_start_seconds`.
@@ -620,6 +656,8 @@ pub fn to_json(o: &Options, rows: &[Row]) -> Value {
         "records": o.records,
         "keys": o.keys,
         "partitions": o.partitions,
+        "kafka_streams_jvm_options": o.jvm_opts,
+        "num_stream_threads": EDDY_PROCESSING_THREADS,
         "runs": rows.iter().map(|r| json!({
             "case": r.case.name(),
             "guarantee": r.guarantee.eddy(),

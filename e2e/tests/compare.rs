@@ -17,6 +17,7 @@ fn eddy_matches_kafka_streams() -> anyhow::Result<()> {
         input_prefix: unique("cmp-test-input"),
         delete_input: true,
         jar: kstreams_jar()?,
+        jvm_opts: CONTAINER_JVM.iter().map(|s| s.to_string()).collect(),
     };
     let rows = run(&o)?;
     assert_eq!(rows.len(), 4);

@@ -257,6 +257,14 @@ pub fn transactional_id(application_id: &str, instance: &str) -> String {
     format!("{application_id}-{instance}")
 }
 
+/// librdkafka settings of the worker's producer under the app's `kafka.properties`; public so
+/// the engine benchmark's raw pass-through (its ceiling) produces with the same batching.
+pub const PRODUCER_TUNING: &[(&str, &str)] = &[
+    ("linger.ms", "10"),
+    ("batch.num.messages", "10000"),
+    ("queue.buffering.max.kbytes", "32768"),
+];
+
 /// The worker's producer, shared by all its tasks; transactional under exactly-once.
 /// `batch_bytes` caps a batch below the smallest `max.message.bytes` of the topics written:
 /// the broker checks the whole batch against it, so a batch of small records to a topic with
@@ -267,11 +275,7 @@ pub fn producer(
     batch_bytes: Option<usize>,
 ) -> Result<Arc<Producer>, KafkaError> {
     let batch = batch_bytes.map(|b| b.to_string());
-    let mut defaults = vec![
-        ("linger.ms", "10"),
-        ("batch.num.messages", "10000"),
-        ("queue.buffering.max.kbytes", "32768"),
-    ];
+    let mut defaults = PRODUCER_TUNING.to_vec();
     if let Some(b) = &batch {
         defaults.push(("batch.size", b));
     }

@@ -64,6 +64,18 @@ pub(crate) const BATCH_BYTES: usize = 2 << 20;
 /// report showed its backlog: smaller ones take milliseconds.
 const SHOWN_BACKLOG: i64 = 10_000;
 
+/// librdkafka settings of the restore consumer under the app's `kafka.properties`; public so
+/// the engine benchmark's raw read of a changelog (restore's ceiling) uses the same.
+pub const RESTORE_CONSUMER_TUNING: &[(&str, &str)] = &[
+    ("fetch.max.bytes", "52428800"),
+    ("max.partition.fetch.bytes", "10485760"),
+    ("queued.max.messages.kbytes", "65536"),
+    ("fetch.queue.backoff.ms", "10"),
+    // A partition is done when a fetch reports its end (PartitionEOF), and the broker holds
+    // a fetch with nothing new for up to this long (default 500 ms).
+    ("fetch.wait.max.ms", "10"),
+];
+
 /// One partition's records read but not yet written: last value per key.
 #[derive(Default)]
 pub(crate) struct Pending {
@@ -143,15 +155,7 @@ pub fn restore(
             source,
         };
         let consumer: BaseConsumer<RestoreContext> = cfg
-            .client_config_with(&[
-                ("fetch.max.bytes", "52428800"),
-                ("max.partition.fetch.bytes", "10485760"),
-                ("queued.max.messages.kbytes", "65536"),
-                ("fetch.queue.backoff.ms", "10"),
-                // A partition is done when a fetch reports its end (PartitionEOF), and the
-                // broker holds a fetch with nothing new for up to this long (default 500 ms).
-                ("fetch.wait.max.ms", "10"),
-            ])
+            .client_config_with(RESTORE_CONSUMER_TUNING)
             .set("group.id", format!("{}-restore", cfg.application_id))
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")

@@ -297,27 +297,32 @@ pub fn run(
     }
 }
 
+/// librdkafka settings of the input consumer under the app's `kafka.properties`; public so
+/// the engine benchmark's raw clients (its ceilings) read with exactly the same tuning.
+pub const INPUT_CONSUMER_TUNING: &[(&str, &str)] = &[
+    // librdkafka waits a whole second (its default) before fetching again for a
+    // partition whose queue was full; a busy task drains it in milliseconds.
+    ("fetch.queue.backoff.ms", "10"),
+    ("queued.max.messages.kbytes", "16384"),
+    ("fetch.max.bytes", "52428800"),
+];
+
 /// The consumer of the input partitions (manually assigned, offsets committed to the app's
 /// group).
 fn input_consumer(
     cfg: &WorkerConfig,
     metrics: &Arc<Metrics>,
 ) -> Result<Arc<BaseConsumer<LagReporter>>, RuntimeError> {
-    cfg.client_config_with(&[
-        ("statistics.interval.ms", "5000"),
-        // librdkafka waits a whole second (its default) before fetching again for a
-        // partition whose queue was full; a busy task drains it in milliseconds.
-        ("fetch.queue.backoff.ms", "10"),
-        ("queued.max.messages.kbytes", "16384"),
-        ("fetch.max.bytes", "52428800"),
-    ])
-    .set("group.id", &cfg.application_id)
-    .set("enable.auto.commit", "false")
-    .set("auto.offset.reset", "earliest")
-    .set("isolation.level", "read_committed")
-    .create_with_context(LagReporter::new(metrics.clone(), cfg))
-    .map(Arc::new)
-    .map_err(kafka("creating the consumer"))
+    let mut defaults = vec![("statistics.interval.ms", "5000")];
+    defaults.extend_from_slice(INPUT_CONSUMER_TUNING);
+    cfg.client_config_with(&defaults)
+        .set("group.id", &cfg.application_id)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .create_with_context(LagReporter::new(metrics.clone(), cfg))
+        .map(Arc::new)
+        .map_err(kafka("creating the consumer"))
 }
 
 /// Back-off between recoveries: short for a blip, at most 10 s while something stays down.

@@ -8,7 +8,11 @@
 //! eddy-vs-kstreams [--records N (2000000)] [--keys K (100000)] [--partitions P (12)]
 //!                  [--out DIR (bench/results)] [--check-only] [--publish] [--jar PATH]
 //!                  [--cases count:at_least_once,sum:exactly_once,... (all four)]
+//!                  [--jvm-defaults]
 //! ```
+//!
+//! Kafka Streams' JVM runs with `-Xmx512m` (a 2 GiB container's default heap) unless
+//! `--jvm-defaults`, and as many stream threads as eddy has processing threads.
 
 use anyhow::{Context, Result, bail};
 use eddy_e2e::compare::*;
@@ -48,17 +52,21 @@ fn real_main() -> Result<()> {
         "--check-only",
         "--publish",
         "--cases",
+        "--jvm-defaults",
     ];
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
         if !known.contains(&args[i].as_str()) {
             bail!(
-                "unknown argument '{}' (usage: eddy-vs-kstreams [--records N] [--keys K] [--partitions P] [--out DIR] [--check-only] [--publish] [--jar PATH] [--cases CASE:GUARANTEE,...])",
+                "unknown argument '{}' (usage: eddy-vs-kstreams [--records N] [--keys K] [--partitions P] [--out DIR] [--check-only] [--publish] [--jar PATH] [--cases CASE:GUARANTEE,...] [--jvm-defaults])",
                 args[i]
             );
         }
-        i += if matches!(args[i].as_str(), "--check-only" | "--publish") {
+        i += if matches!(
+            args[i].as_str(),
+            "--check-only" | "--publish" | "--jvm-defaults"
+        ) {
             1
         } else {
             2
@@ -83,16 +91,23 @@ fn real_main() -> Result<()> {
         input_prefix: "cmp-input".into(),
         delete_input: false,
         jar,
+        jvm_opts: if args.iter().any(|a| a == "--jvm-defaults") {
+            Vec::new()
+        } else {
+            CONTAINER_JVM.iter().map(|s| s.to_string()).collect()
+        },
     };
+    eprintln!("{}", o.kstreams_settings());
     let rows = run(&o)?;
     let md = markdown(&rows, !check_only);
-    println!("\n{md}");
+    println!("\n{}\n\n{md}", o.kstreams_settings());
     std::fs::create_dir_all(&out)?;
     let header = format!(
-        "{} records over {} keys, {} partitions; ratios are eddy / Kafka Streams{}.\n\n",
+        "{} records over {} keys, {} partitions; {}; ratios are eddy / Kafka Streams{}.\n\n",
         o.records,
         o.keys,
         o.partitions,
+        o.kstreams_settings(),
         if check_only {
             " (--check-only: correctness run, no restores, targets not applied)"
         } else {
