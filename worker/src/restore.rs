@@ -294,6 +294,13 @@ pub fn restore(
             }
         }
     }
+    // Restore writes without the WAL: persist them before the task's first logged commit.
+    for t in tasks.iter() {
+        if let Some(db) = &t.db {
+            db.flush()
+                .map_err(|source| RestoreError::Store { task: t.id, source })?;
+        }
+    }
     Ok(restored)
 }
 
@@ -313,7 +320,7 @@ fn apply(t: &mut Task, si: usize, batch: Changes, next: i64) -> Result<(), Store
         return Ok(());
     }
     let Some(db) = &t.db else { return Ok(()) };
-    db.write(
+    db.write_unlogged(
         batch.iter().map(|(k, v)| {
             (
                 name.as_str(),
