@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The engine benchmark (see docs/benchmarks.md): starts a local broker named "bench" unless
 # EDDY_TEST_BOOTSTRAP points at one, runs eddy-bench with the given sizes, prints the table.
+# --large-restore runs only the large-state restore (eddy vs raw read vs Kafka Streams).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

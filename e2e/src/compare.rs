@@ -328,7 +328,7 @@ fn restore_eddy(yaml: &str, dir: &Path) -> Result<(f64, f64)> {
 }
 
 /// Run the reference app; returns (wall seconds, cpu, rss, its JSON line).
-fn run_java(
+pub fn run_java(
     jar: &Path,
     jvm_opts: &[String],
     args: &[String],

@@ -12,6 +12,8 @@ pub mod prometheus;
 
 pub mod compare;
 
+pub mod restore_bench;
+
 pub mod scaling;
 
 use anyhow::{Context as _, Result, bail};

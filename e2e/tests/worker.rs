@@ -961,3 +961,71 @@ fn hostile_records_are_skipped_and_the_worker_survives() -> Result<()> {
     ensure!(w.stop()? == 0, "SIGTERM must exit 0:\n{}", w.logs());
     Ok(())
 }
+
+/// A restore of a large backlog (100k records or more per partition, written to RocksDB
+/// without its WAL) is on disk before the task runs: killed with SIGKILL right after it is
+/// ready, the worker restarts without restoring anything again; killed in the middle of the
+/// restore, the next start finishes it; the state is right either way.
+#[test]
+fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
+    let app = unique("bigrestore");
+    let (input, output) = (format!("{app}-in"), format!("{app}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], app.clone());
+    create_topic(&input, 1)?;
+    create_topic(&output, 1)?;
+    let keys = 150_000;
+    let pad = "x".repeat(200);
+    let records = |from: usize, n: usize| -> Vec<Input> {
+        (0..n)
+            .map(|k| {
+                (
+                    Some(format!("k{k}").into_bytes()),
+                    Some(format!(r#"{{"i":{},"pad":"{pad}"}}"#, from + k).into_bytes()),
+                )
+            })
+            .collect()
+    };
+    produce(&input, &records(0, keys))?;
+    let yaml = format!(
+        "applicationId: {app}\ntopology:\n  - from: {{topic: {input}, key: string, value: json}}\n  - aggregate: {{store: latest, initial: 'null', add: '.'}}\n  - to: {{topic: {output}, value: json}}\n"
+    );
+    let dir = tempfile::tempdir()?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    wait_until(DONE, || {
+        Ok(w.metric("eddy_records_processed_total", &[])? >= keys as f64)
+    })?;
+    ensure!(w.stop()? == 0);
+    std::fs::remove_dir_all(dir.path().join("state"))?;
+
+    // Killed once the restore is under way (~30 MB: several batches).
+    let mut w = Worker::start(&yaml, dir.path())?;
+    wait_until(READY, || {
+        Ok(w.metric("eddy_restored_records_total", &[]).unwrap_or(0.0) > 0.0)
+    })?;
+    w.kill9()?;
+    // Finished, then killed as soon as it is ready.
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    w.kill9()?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    let again = w.metric("eddy_restored_records_total", &[])?;
+    ensure!(
+        again == 0.0,
+        "restored {again} records again after a kill -9 that followed a complete restore"
+    );
+    // The restored state is the input's: a new record per key for the first 1000 keys
+    // replaces each value, and the output shows every key's new value.
+    produce(&input, &records(keys, 1000))?;
+    wait_until(DONE, || {
+        let last = latest_by_key(&output)?;
+        Ok((0..1000).all(|k| {
+            last.get(format!("k{k}").as_bytes())
+                .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
+                .is_some_and(|v| v["i"] == serde_json::json!(keys + k))
+        }))
+    })?;
+    ensure!(w.stop()? == 0);
+    Ok(())
+}

@@ -64,6 +64,11 @@ pub(crate) const BATCH_BYTES: usize = 2 << 20;
 /// report showed its backlog: smaller ones take milliseconds.
 const SHOWN_BACKLOG: i64 = 10_000;
 
+/// A changelog partition restored from at least this many records behind is written without
+/// the WAL (and flushed at the end): the WAL would write the whole state a second time, while
+/// the final flush of a short tail costs more than logging it.
+const UNLOGGED_BACKLOG: i64 = 100_000;
+
 /// librdkafka settings of the restore consumer under the app's `kafka.properties`; public so
 /// the engine benchmark's raw read of a changelog (restore's ceiling) uses the same.
 pub const RESTORE_CONSUMER_TUNING: &[(&str, &str)] = &[
@@ -149,6 +154,8 @@ pub fn restore(
         v
     };
     let mut shown = false;
+    // Tasks whose store received writes without the WAL: flushed before they run.
+    let mut unlogged: Vec<usize> = Vec::new();
     for changelog in changelogs {
         let kafka = |source| RestoreError::Kafka {
             topic: changelog.clone(),
@@ -163,8 +170,8 @@ pub fn restore(
             .set("auto.offset.reset", "earliest")
             .create_with_context(RestoreContext)
             .map_err(kafka)?;
-        // partition → (task index, store index, high watermark)
-        let mut targets: HashMap<i32, (usize, usize, i64)> = HashMap::new();
+        // partition → (task index, store index, high watermark, written without the WAL)
+        let mut targets: HashMap<i32, (usize, usize, i64, bool)> = HashMap::new();
         let mut backlog = 0;
         let mut tpl = TopicPartitionList::new();
         for (ti, t) in tasks.iter_mut().enumerate() {
@@ -208,7 +215,11 @@ pub fn restore(
             backlog += high - start;
             tpl.add_partition_offset(&changelog, p, Offset::Offset(start))
                 .map_err(kafka)?;
-            targets.insert(p, (ti, si, high));
+            let large = high - start >= UNLOGGED_BACKLOG;
+            if large && !unlogged.contains(&ti) {
+                unlogged.push(ti);
+            }
+            targets.insert(p, (ti, si, high, large));
         }
         if targets.is_empty() {
             continue;
@@ -252,7 +263,7 @@ pub fn restore(
                     (m.partition(), false)
                 }
             };
-            let Some(&(ti, si, high)) = targets.get(&p) else {
+            let Some(&(ti, si, high, large)) = targets.get(&p) else {
                 continue;
             };
             let batch = pending.remove(&p).unwrap_or_default();
@@ -269,7 +280,7 @@ pub fn restore(
             }
             let t = &mut tasks[ti];
             if next > 0 {
-                apply(t, si, batch, next)
+                apply(t, si, batch, next, large)
                     .map_err(|source| RestoreError::Store { task: t.id, source })?;
             }
             let labels = StoreLabels {
@@ -294,6 +305,13 @@ pub fn restore(
             }
         }
     }
+    // Writes without the WAL: persist them before the task's first logged commit.
+    for t in unlogged.into_iter().filter_map(|ti| tasks.get(ti)) {
+        if let Some(db) = &t.db {
+            db.flush()
+                .map_err(|source| RestoreError::Store { task: t.id, source })?;
+        }
+    }
     Ok(restored)
 }
 
@@ -306,25 +324,33 @@ fn checkpoint_of(t: &Task, si: usize) -> Result<Option<i64>, StoreError> {
     }
 }
 
-fn apply(t: &mut Task, si: usize, batch: Changes, next: i64) -> Result<(), StoreError> {
+fn apply(
+    t: &mut Task,
+    si: usize,
+    batch: Changes,
+    next: i64,
+    unlogged: bool,
+) -> Result<(), StoreError> {
     let name = t.stores[si].name.clone();
     if t.stores[si].is_in_memory() {
         t.stores[si].apply_in_memory(&batch, Some(next));
         return Ok(());
     }
     let Some(db) = &t.db else { return Ok(()) };
-    db.write(
-        batch.iter().map(|(k, v)| {
-            (
-                name.as_str(),
-                Change {
-                    key: k,
-                    value: v.as_deref(),
-                },
-            )
-        }),
-        [(name.as_str(), next)],
-    )
+    let changes = batch.iter().map(|(k, v)| {
+        (
+            name.as_str(),
+            Change {
+                key: k,
+                value: v.as_deref(),
+            },
+        )
+    });
+    if unlogged {
+        db.write_unlogged(changes, [(name.as_str(), next)])
+    } else {
+        db.write(changes, [(name.as_str(), next)])
+    }
 }
 
 /// Empty one store of a task (data and checkpoint together); its other stores are untouched.

@@ -136,6 +136,8 @@ pub struct TaskDb {
     path: PathBuf,
     families: Vec<String>,
     write: WriteOptions,
+    /// Restore's writes: no WAL (see [`TaskDb::write_unlogged`]).
+    unlogged: WriteOptions,
 }
 
 /// A change to apply at commit: `None` deletes the key.
@@ -198,6 +200,11 @@ impl TaskDb {
                 .chain([META_CF.to_string()])
                 .collect(),
             write: WriteOptions::default(),
+            unlogged: {
+                let mut w = WriteOptions::default();
+                w.disable_wal(true);
+                w
+            },
         };
         let reconciled = db.reconcile(&existing, stores)?;
         Ok((db, reconciled))
@@ -319,6 +326,28 @@ impl TaskDb {
         changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
         checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
     ) -> Result<(), StoreError> {
+        self.write_with(changes, checkpoints, &self.write)
+    }
+
+    /// [`Self::write`] without the WAL, for restore: the WAL would write the whole state a
+    /// second time. Safe because families flush atomically (`atomic_flush`): a crash loses
+    /// unflushed batches together with their checkpoints, and the store restores from the
+    /// last flushed one. Call [`Self::flush`] before a logged write follows, or replaying the
+    /// WAL could put a later checkpoint on top of the lost batches.
+    pub fn write_unlogged<'a>(
+        &self,
+        changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
+        checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
+    ) -> Result<(), StoreError> {
+        self.write_with(changes, checkpoints, &self.unlogged)
+    }
+
+    fn write_with<'a>(
+        &self,
+        changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
+        checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
+        opts: &WriteOptions,
+    ) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
         for (store, c) in changes {
             let cf = self.cf(store)?;
@@ -331,7 +360,7 @@ impl TaskDb {
         for (store, offset) in checkpoints {
             batch.put_cf(meta, checkpoint_key(store), offset.to_be_bytes());
         }
-        self.rocks(self.db.write_opt(batch, &self.write))
+        self.rocks(self.db.write_opt(batch, opts))
     }
 
     /// Empty a store and delete its checkpoint in one batch: it then restores its changelog

@@ -6,6 +6,11 @@
 //! (d) restore of the resulting changelog against a raw read of it, and (e) peak RSS with 32
 //! partitions and two stores against the memory budget. Figures are ratios measured in one
 //! run: absolute numbers on a shared machine are noise.
+//!
+//! `eddy-bench --large-restore [--keys 4000000] [--value-bytes 300] [--tail 200000]
+//! [--partitions 12] [--no-kstreams] [--jar PATH]` runs only the large-state restore
+//! (`eddy_e2e::restore_bench`): over 1 GiB of state restored from an empty state dir and from
+//! a checkpoint `--tail` records behind, against a raw read and against Kafka Streams.
 
 use anyhow::{Context, Result, bail};
 use eddy_e2e::*;
@@ -44,6 +49,20 @@ const PERF_RECORD_SIZE: usize = 100;
 fn main() -> Result<()> {
     if std::env::args().nth(1).as_deref() == Some("raw") {
         return raw_child();
+    }
+    if std::env::args().any(|a| a == "--large-restore") {
+        let jar = std::env::args()
+            .skip_while(|a| a != "--jar")
+            .nth(1)
+            .map(std::path::PathBuf::from);
+        return eddy_e2e::restore_bench::run(&eddy_e2e::restore_bench::Options {
+            keys: arg("--keys", 4_000_000)?,
+            value_bytes: arg("--value-bytes", 300)?,
+            tail: arg("--tail", 200_000)?,
+            partitions: arg("--partitions", 12)? as i32,
+            kstreams: !std::env::args().any(|a| a == "--no-kstreams"),
+            jar,
+        });
     }
     let a = Args {
         records: arg("--records", 2_000_000)?,

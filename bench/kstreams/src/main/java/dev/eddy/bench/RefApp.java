@@ -54,7 +54,7 @@ import org.apache.kafka.streams.state.KeyValueStore;
 public final class RefApp {
     static final String PROG = "refapp";
     static final String USAGE = String.join("\n",
-        "usage: java -jar refapp.jar --bootstrap HOST:PORT --app-id ID --case count|sum",
+        "usage: java -jar refapp.jar --bootstrap HOST:PORT --app-id ID --case count|sum|latest",
         "         --guarantee at_least_once|exactly_once_v2 --input TOPIC --output TOPIC --state-dir DIR",
         "         [--expect N | --restore-only] [--timeout-s S (1800)] [--poll-ms MS (100)]",
         "         [--config KEY=VALUE]... [--dump-metrics] [--close-when-processed] [--print-tasks]",
@@ -68,6 +68,8 @@ public final class RefApp {
         "                   some in a batch when the consumer has caught up with what it sent)",
         "  --restore-only   wipe this app id's local state (KafkaStreams#cleanUp), restore it from",
         "                   the changelogs, print one JSON line once RUNNING, close",
+        "  --keep-state     with --restore-only: keep the local state (restore only the changelogs'",
+        "                   tail past its checkpoint)",
         "  --config K=V     extra/overriding StreamsConfig entry (e.g. commit.interval.ms=1000)",
         "  --print-tasks    without --expect/--restore-only: print a JSON line on stdout whenever this",
         "                   instance's active or standby tasks change (polled every 50 ms)",
@@ -77,7 +79,7 @@ public final class RefApp {
         "--input", "--output", "--state-dir", "--expect", "--timeout-s", "--poll-ms", "--config",
         "--expect-repartitioned");
     private static final Set<String> SWITCHES = Set.of("--restore-only", "--dump-metrics", "--help", "--close-when-processed",
-        "--print-tasks");
+        "--print-tasks", "--keep-state");
 
     public static void main(final String[] args) {
         Cli.main(PROG, USAGE, () -> new RefApp(new Cli(PROG, args, VALUED, SWITCHES)).run());
@@ -169,8 +171,11 @@ public final class RefApp {
         });
         if (restoreOnly) {
             streams.setGlobalStateRestoreListener(restores);
-            // Start from an empty local state for this app id so that everything is restored.
-            streams.cleanUp();
+            // Start from an empty local state for this app id so that everything is restored,
+            // unless the caller times a restore from an existing checkpoint.
+            if (!cli.has("--keep-state")) {
+                streams.cleanUp();
+            }
         }
         // SIGTERM/SIGINT: close cleanly (commits) and let the JVM exit with the signal's status.
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
@@ -269,8 +274,20 @@ public final class RefApp {
                     .mapValues(sum -> sum == null ? null : Long.toString(sum))
                     .to(output, Produced.with(Serdes.String(), Serdes.String()));
                 break;
+            case "latest":
+                // The latest value per key (the large-state restore benchmark's store: values of
+                // a few hundred bytes); the changelog holds each key's value as UTF-8 text.
+                builder.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
+                    .groupByKey()
+                    .reduce((old, value) -> value,
+                        Materialized.<String, String, KeyValueStore<Bytes, byte[]>>as("latest")
+                            .withKeySerde(Serdes.String())
+                            .withValueSerde(Serdes.String()))
+                    .toStream()
+                    .to(output, Produced.with(Serdes.String(), Serdes.String()));
+                break;
             default:
-                throw new Cli.UsageException("--case must be count or sum, got '" + caseName + "'");
+                throw new Cli.UsageException("--case must be count, sum or latest, got '" + caseName + "'");
         }
         return builder.build();
     }
