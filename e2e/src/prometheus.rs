@@ -175,6 +175,13 @@ fn relabel_configs(relabelings: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// A monitor's namespace (empty when not set) and name, as its job names use them.
+fn monitor_id(monitor: &Value) -> Result<(&str, &str)> {
+    let meta = &monitor["metadata"];
+    let ns = meta["namespace"].as_str().unwrap_or_default();
+    Ok((ns, meta["name"].as_str().context("no name")?))
+}
+
 /// The scrape job the prometheus-operator generates from a PodMonitor's first endpoint (the
 /// parts the chart uses): pods found through the API server of `kubeconfig` in the monitor's
 /// namespaces, kept by its selector's `matchLabels` and the endpoint's port name, labelled
@@ -187,12 +194,7 @@ pub fn pod_monitor_job(
     interval: &str,
     address_annotation: Option<&str>,
 ) -> Result<Value> {
-    let (ns, name) = (
-        monitor["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default(),
-        monitor["metadata"]["name"].as_str().context("no name")?,
-    );
+    let (ns, name) = monitor_id(monitor)?;
     let spec = &monitor["spec"];
     let endpoint = &spec["podMetricsEndpoints"][0];
     let port = endpoint["port"].as_str().context("no endpoint port")?;
@@ -250,12 +252,7 @@ pub fn service_monitor_job(
     targets: &[String],
     interval: &str,
 ) -> Result<Value> {
-    let (ns, name) = (
-        monitor["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default(),
-        monitor["metadata"]["name"].as_str().context("no name")?,
-    );
+    let (ns, name) = monitor_id(monitor)?;
     let endpoint = &monitor["spec"]["endpoints"][0];
     let port = endpoint["port"].as_str().unwrap_or_default();
     Ok(json!({
