@@ -2,17 +2,21 @@
 //! `eddy-worker` runs, so both the worker and the operator read these types; task ids and
 //! internal topic names live here too, so both sides agree on them. No I/O.
 
+pub mod duration;
 pub mod manifest;
 pub mod reference;
 pub mod resource;
 pub mod security;
 pub mod spec;
+pub mod step;
 pub mod task;
 pub mod topics;
 pub mod upgrade;
 
+pub use duration::Duration;
 pub use manifest::{AppManifest, ManifestError, parse_app};
 pub use spec::*;
+pub use step::*;
 pub use task::TaskId;
 
 /// API group and version of the custom resource.

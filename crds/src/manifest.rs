@@ -2,7 +2,8 @@
 //! checked so that every mistake is reported with the field it concerns and what is expected.
 
 use crate::security::{self, Source};
-use crate::spec::{AppSpec, Step};
+use crate::spec::AppSpec;
+use crate::step::Step;
 use crate::{API_VERSION, KIND, topics};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
@@ -220,8 +221,11 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
     let mut stores = HashSet::new();
     // Repartition topic id (step name or index) -> the groupBy that writes it.
     let mut repartitions: HashMap<String, (usize, Option<&str>)> = HashMap::new();
+    // True once a windowed aggregation made the key a windowed one.
+    let mut windowed = false;
     for (i, step) in spec.topology.iter().enumerate() {
         let field = f(format!("topology[{i}]"));
+        let after_window = i > 0 && matches!(spec.topology[i - 1], Step::Window(_));
         match step {
             Step::From(from) => {
                 if i != 0 {
@@ -229,6 +233,15 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                 }
                 topics::check_name(&from.topic)
                     .map_err(|m| invalid(format!("{field}.from.topic"), m))?;
+                for (what, format) in [("key", from.key), ("value", from.value)] {
+                    not_windowed(format, &format!("{field}.from.{what}"))?;
+                }
+                if from.timestamp.as_ref().is_some_and(|e| e.trim().is_empty()) {
+                    return Err(invalid(
+                        format!("{field}.from.timestamp"),
+                        "the jq expression is empty: remove it to use the records' timestamps",
+                    ));
+                }
             }
             _ if i == 0 => {
                 return Err(invalid(
@@ -242,10 +255,52 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                 }
                 topics::check_name(&to.topic)
                     .map_err(|m| invalid(format!("{field}.to.topic"), m))?;
+                not_windowed(
+                    to.value.unwrap_or(crate::Format::Json),
+                    &format!("{field}.to.value"),
+                )?;
+                match (windowed, to.key) {
+                    (true, Some(crate::Format::Bytes | crate::Format::I64)) => {
+                        return Err(invalid(
+                            format!("{field}.to.key"),
+                            "the key is windowed here: write it as windowed (Kafka Streams' windowed serdes), json ({key, start, end}) or string ([key@start/end])",
+                        ));
+                    }
+                    (false, Some(k)) => not_windowed(k, &format!("{field}.to.key"))?,
+                    _ => {}
+                }
             }
-            Step::Count(c) => check_store(&mut stores, &c.store, &format!("{field}.count.store"))?,
+            Step::Window(w) => {
+                w.kind()
+                    .and_then(|_| w.retention())
+                    .map_err(|m| invalid(format!("{field}.window"), m))?;
+                if !matches!(
+                    spec.topology.get(i + 1),
+                    Some(Step::Count(_) | Step::Aggregate(_) | Step::Reduce(_))
+                ) {
+                    return Err(invalid(
+                        format!("{field}.window"),
+                        "a window must be followed by count, aggregate or reduce, which it makes per window",
+                    ));
+                }
+            }
+            Step::Count(c) => {
+                check_store(&mut stores, &c.store, &format!("{field}.count.store"))?;
+                windowed = after_window;
+            }
             Step::Aggregate(a) => {
-                check_store(&mut stores, &a.store, &format!("{field}.aggregate.store"))?
+                check_store(&mut stores, &a.store, &format!("{field}.aggregate.store"))?;
+                windowed = after_window;
+            }
+            Step::Reduce(r) => {
+                check_store(&mut stores, &r.store, &format!("{field}.reduce.store"))?;
+                if r.with.trim().is_empty() {
+                    return Err(invalid(
+                        format!("{field}.reduce.with"),
+                        "the jq expression is empty",
+                    ));
+                }
+                windowed = after_window;
             }
             Step::Filter(e) | Step::Map(e) => {
                 if e.trim().is_empty() {
@@ -260,12 +315,25 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                     topics::check_name(name)
                         .map_err(|m| invalid(format!("{field}.groupBy.name"), m))?;
                 }
+                not_windowed(g.format(), &format!("{field}.groupBy.format"))?;
+                windowed = false;
                 let id = topics::repartition_id(i, g.name());
                 if let Some((j, other)) = repartitions.insert(id.clone(), (i, g.name())) {
                     return Err(same_repartition(prefix, (j, other), (i, g.name()), &id));
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// `windowed` describes a windowed key on its way out; no other place reads or writes one.
+fn not_windowed(format: crate::Format, field: &str) -> Result<(), ManifestError> {
+    if format == crate::Format::Windowed {
+        return Err(invalid(
+            field.to_string(),
+            "windowed is the format of a windowed key, for to.key after a window: use string, json, bytes or i64",
+        ));
     }
     Ok(())
 }
@@ -378,7 +446,8 @@ fn check_store(seen: &mut HashSet<String>, store: &str, field: &str) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::{Format, ProcessingGuarantee};
+    use crate::spec::ProcessingGuarantee;
+    use crate::step::Format;
 
     const DESIGN_EXAMPLE: &str = r#"
 apiVersion: eddy.dev/v1alpha1
@@ -426,6 +495,84 @@ spec:
 
     fn err(text: &str) -> String {
         parse_app(text).expect_err("must be rejected").to_string()
+    }
+
+    #[test]
+    fn windows_are_checked_where_they_are_written() {
+        let app =
+            |steps: &str| format!("topology:\n- from: {{topic: a, timestamp: '.at'}}\n{steps}");
+        let ok = parse_app(&app("- window: {tumbling: 5m, grace: 30s}\n- count: {store: c}\n- to: {topic: o, key: json}\n"))
+            .expect("valid");
+        let decls = crate::step::stores(&ok.spec.topology);
+        assert_eq!(
+            decls[0].kind,
+            crate::StoreKind::Window {
+                retention: crate::Duration::from_millis(86_400_000)
+            }
+        );
+        let topics = crate::topics::layout("x", &ok.spec);
+        assert_eq!(
+            topics[0].stores[0].changelog_config(),
+            [
+                ("cleanup.policy", "compact,delete".to_string()),
+                ("retention.ms", "172800000".to_string())
+            ]
+        );
+        for (steps, field, says) in [
+            (
+                "- window: {tumbling: 5m}\n- count: {store: c}\n",
+                "topology[1]",
+                "missing field `grace`",
+            ),
+            (
+                "- window: {tumbling: 5x, grace: 0s}\n- count: {store: c}\n",
+                "topology[1]",
+                "e.g. 500ms, 30s",
+            ),
+            (
+                "- window: {hopping: 5m, grace: 0s}\n- count: {store: c}\n",
+                "topology[1].window",
+                "need advance",
+            ),
+            (
+                "- window: {hopping: 5m, advance: 6m, grace: 0s}\n- count: {store: c}\n",
+                "topology[1].window",
+                "at most the window size",
+            ),
+            (
+                "- window: {tumbling: 5m, grace: 1m, retention: 5m}\n- count: {store: c}\n",
+                "topology[1].window",
+                "less than size + grace",
+            ),
+            (
+                "- window: {tumbling: 5m, grace: 0s}\n- to: {topic: o}\n",
+                "topology[1].window",
+                "must be followed by count",
+            ),
+            (
+                "- window: {tumbling: 5m, grace: 0s}\n",
+                "topology[1].window",
+                "must be followed by count",
+            ),
+            (
+                "- window: {tumbling: 5m, grace: 0s}\n- count: {store: c}\n- to: {topic: o, key: i64}\n",
+                "topology[3].to.key",
+                "the key is windowed here",
+            ),
+            (
+                "- count: {store: c}\n- to: {topic: o, key: windowed}\n",
+                "topology[2].to.key",
+                "for to.key after a window",
+            ),
+            (
+                "- reduce: {store: c, with: ' '}\n",
+                "topology[1].reduce.with",
+                "empty",
+            ),
+        ] {
+            let e = err(&app(steps));
+            assert!(e.contains(field) && e.contains(says), "{steps}: {e}");
+        }
     }
 
     #[test]

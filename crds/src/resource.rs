@@ -209,8 +209,6 @@ const SPEC_RULES: &[(&str, &str)] = &[
     ),
 ];
 
-const STEPS: &str = "from, filter, map, groupBy, count, aggregate, to";
-
 /// The CRD as installed: kube's generated schema plus the rules above, with the step list
 /// made explicit so an unknown step is named in the rejection.
 pub fn crd() -> CustomResourceDefinition {
@@ -233,7 +231,7 @@ pub fn crd() -> CustomResourceDefinition {
     let topology = &mut schema["properties"]["topology"];
     topology["minItems"] = json!(1);
     topology["maxItems"] = json!(64);
-    topology["items"] = step_schema();
+    topology["items"] = crate::step::schema();
     serde_json::from_value(v).unwrap_or_default()
 }
 
@@ -278,52 +276,6 @@ fn kafka_properties_schema() -> Value {
                 names.join(", ")
             ),
         }],
-    })
-}
-
-/// One step: exactly one of the known keys. An unknown step is an undeclared field, which
-/// the API server names in its rejection (`.spec.topology[1].cont: field not declared in
-/// schema`). `groupBy` is a string or an object, which a structural schema can only leave
-/// open (and CEL cannot see); `manifest::validate` checks its shape and name (the worker at
-/// start, the operator before it creates anything).
-fn step_schema() -> Value {
-    let d = |mut v: Value, text: &str| {
-        v["description"] = json!(text);
-        v
-    };
-    let string = json!({"type": "string", "minLength": 1});
-    let format = json!({"type": "string", "enum": ["string", "json", "bytes", "i64"]});
-    let topic =
-        json!({"type": "string", "minLength": 1, "maxLength": 249, "pattern": "^[a-zA-Z0-9._-]+$"});
-    let store =
-        json!({"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[a-zA-Z0-9._-]+$"});
-    let store = d(
-        store,
-        "Name of the state store: its changelog is <applicationId>-<store>-changelog.",
-    );
-    let in_memory = json!({"type": "boolean", "description": "Keep the store in memory instead of RocksDB (restored in full from its changelog at every start)."});
-    json!({
-        "type": "object",
-        "description": format!("One step, a one-key map: {STEPS}"),
-        "maxProperties": 1,
-        "minProperties": 1,
-        "properties": {
-            "from": {"type": "object", "description": "Read a topic: one task per partition.", "required": ["topic"], "properties": {
-                "topic": d(topic.clone(), "The source topic (it must exist)."),
-                "key": d(format.clone(), "Key format: string, json, bytes or i64 (default string)."),
-                "value": d(format.clone(), "Value format: json, string, bytes or i64 (default json).")}},
-            "filter": d(string.clone(), "jq: keep the records for which it is true (`.` is the value, $key the key, $ts the timestamp)."),
-            "map": d(string.clone(), "jq: replace the value by each of its outputs."),
-            "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "Re-key: a jq expression, or {key: <jq>, format: FORMAT, name: NAME}. The name names the repartition topic <applicationId>-<name>-repartition; without one, the step's index does."},
-            "count": {"type": "object", "description": "Count records per key into a store; emits the updated count (i64).", "required": ["store"], "properties": {"store": store.clone(), "inMemory": in_memory.clone()}},
-            "aggregate": {"type": "object", "description": "Fold records per key into a store; emits the updated aggregate.", "required": ["store", "initial", "add"], "properties": {
-                "store": store, "initial": d(string.clone(), "jq: the first aggregate of a key (input: the record value)."),
-                "add": d(string.clone(), "jq: the new aggregate, with $agg bound to the current one."), "inMemory": in_memory}},
-            "to": {"type": "object", "description": "Write to a topic, partitioned by Kafka's murmur2 of the key bytes.", "required": ["topic"], "properties": {
-                "topic": d(topic, "The output topic (it must exist)."),
-                "key": d(format.clone(), "Key format (default: the key's current format)."),
-                "value": d(format, "Value format (default: the value's current format).")}},
-        },
     })
 }
 

@@ -47,13 +47,46 @@ pub struct SubLayout {
     pub source: String,
     /// True when the source is a repartition topic eddy creates.
     pub internal: bool,
-    pub stores: Vec<String>,
+    pub stores: Vec<StoreLayout>,
+}
+
+/// A store as its changelog sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreLayout {
+    pub name: String,
+    pub kind: crate::StoreKind,
+}
+
+/// Kafka Streams' margin on a windowed changelog's `retention.ms` beyond the store's
+/// retention (`windowstore.changelog.additional.retention.ms`), so clock drift between
+/// brokers and stream time never deletes a window the store still holds.
+pub const CHANGELOG_ADDITIONAL_RETENTION_MS: u64 = 86_400_000;
+
+impl StoreLayout {
+    /// The changelog's topic configuration: compacted, and for windows also deleted after
+    /// the store's retention plus the margin.
+    pub fn changelog_config(&self) -> Vec<(&'static str, String)> {
+        match self.kind {
+            crate::StoreKind::KeyValue => vec![("cleanup.policy", "compact".into())],
+            crate::StoreKind::Window { retention } => vec![
+                ("cleanup.policy", "compact,delete".into()),
+                (
+                    "retention.ms",
+                    (retention
+                        .as_millis()
+                        .saturating_add(CHANGELOG_ADDITIONAL_RETENTION_MS))
+                    .to_string(),
+                ),
+            ],
+        }
+    }
 }
 
 /// The sub-topologies of a declarative spec: a `groupBy` at step `i` ends one at its
 /// repartition topic `repartition(app, i, name)` and starts the next one reading it.
 pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
     use crate::Step;
+    let decls = crate::step::stores(&spec.topology);
     let mut subs = Vec::new();
     let mut cur: Option<SubLayout> = None;
     for (i, step) in spec.topology.iter().enumerate() {
@@ -73,9 +106,16 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
                     stores: Vec::new(),
                 });
             }
-            Step::Count(c) => cur.iter_mut().for_each(|s| s.stores.push(c.store.clone())),
-            Step::Aggregate(a) => cur.iter_mut().for_each(|s| s.stores.push(a.store.clone())),
-            Step::Filter(_) | Step::Map(_) | Step::To(_) => {}
+            _ => {
+                if let Some(d) = decls.iter().find(|d| d.step == i) {
+                    cur.iter_mut().for_each(|s| {
+                        s.stores.push(StoreLayout {
+                            name: d.name.to_string(),
+                            kind: d.kind,
+                        })
+                    });
+                }
+            }
         }
     }
     subs.extend(cur);
@@ -125,6 +165,7 @@ pub struct InternalName {
 /// names `layout` and `plan` give, without partition counts.
 pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<InternalName> {
     use crate::Step;
+    let decls = crate::step::stores(&spec.topology);
     let mut out: Vec<InternalName> = Vec::new();
     for (step, s) in spec.topology.iter().enumerate() {
         let (topic, origin) = match s {
@@ -135,16 +176,17 @@ pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<Intern
                     group_by: g.clone(),
                 },
             ),
-            Step::Count(crate::CountStep { store, .. })
-            | Step::Aggregate(crate::AggregateStep { store, .. }) => (
-                changelog(application_id, store),
-                Origin::Changelog {
-                    step,
-                    keyword: s.keyword(),
-                    store: store.clone(),
-                },
-            ),
-            Step::From(_) | Step::Filter(_) | Step::Map(_) | Step::To(_) => continue,
+            _ => match decls.iter().find(|d| d.step == step) {
+                Some(d) => (
+                    changelog(application_id, d.name),
+                    Origin::Changelog {
+                        step,
+                        keyword: d.keyword,
+                        store: d.name.to_string(),
+                    },
+                ),
+                None => continue,
+            },
         };
         out.push(InternalName { topic, origin });
     }
@@ -162,7 +204,7 @@ pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<Intern
 pub struct InternalTopic {
     pub name: String,
     pub partitions: i32,
-    pub config: Vec<(&'static str, &'static str)>,
+    pub config: Vec<(&'static str, String)>,
 }
 
 /// The internal topics of an app, given the partition counts of its external source topics:
@@ -188,14 +230,14 @@ pub fn plan(
             out.push(InternalTopic {
                 name: sub.source.clone(),
                 partitions: n,
-                config: vec![("cleanup.policy", "delete")],
+                config: vec![("cleanup.policy", "delete".into())],
             });
         }
         for store in &sub.stores {
             out.push(InternalTopic {
-                name: changelog(application_id, store),
+                name: changelog(application_id, &store.name),
                 partitions: n,
-                config: vec![("cleanup.policy", "compact")],
+                config: store.changelog_config(),
             });
         }
         counts.push(n);
@@ -205,7 +247,7 @@ pub fn plan(
         out.push(InternalTopic {
             name: dead_letter(application_id),
             partitions: 1,
-            config: vec![("cleanup.policy", "delete")],
+            config: vec![("cleanup.policy", "delete".into())],
         });
     }
     Ok((out, counts))

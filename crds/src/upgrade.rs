@@ -4,7 +4,8 @@
 //! function of the two versions, so `eddy-worker check --previous` can say it before a
 //! rolling update, and the operator could too.
 
-use crate::spec::{AppSpec, Format, GroupBy};
+use crate::spec::AppSpec;
+use crate::step::{Format, GroupBy};
 use crate::topics::{self, InternalName, Origin};
 use std::fmt;
 
@@ -301,7 +302,7 @@ impl fmt::Display for Change {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::Step;
+    use crate::step::Step;
 
     fn spec(steps: &str) -> AppSpec {
         crate::parse_app(&format!("topology:\n{steps}"))

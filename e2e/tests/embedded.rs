@@ -92,6 +92,7 @@ fn a_custom_processor_uses_a_store_and_survives_a_restart() -> Result<()> {
                     key_format: Format::Bytes,
                     value_format: Format::Bytes,
                     forward_to: None,
+                    window: None,
                 })
                 .sink(&output),
             ],

@@ -330,9 +330,11 @@ pub async fn internal_topics(spec: &AppSpec, app_id: &str) -> Vec<String> {
         .iter()
         .flat_map(|s| {
             let repartition = s.internal.then(|| s.source.clone());
-            repartition
-                .into_iter()
-                .chain(s.stores.iter().map(|st| topics::changelog(app_id, st)))
+            repartition.into_iter().chain(
+                s.stores
+                    .iter()
+                    .map(|st| topics::changelog(app_id, &st.name)),
+            )
         })
         .collect();
     names.push(topics::dead_letter(app_id));

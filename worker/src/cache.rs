@@ -6,6 +6,7 @@
 //! share: under exactly-once's 100 ms commits a hot key is then read from memory, not RocksDB.
 
 use crate::store::{MemoryStore, StoreError, TaskDb};
+use crate::window::{Segments, TimeWindows};
 use eddy_crds::Format;
 use std::collections::HashMap;
 
@@ -30,6 +31,12 @@ pub struct StoreState {
     pub forward_to: Option<usize>,
     pub key_format: Format,
     pub value_format: Format,
+    /// A window store's windows (keys are then [`crate::window::key`]s).
+    pub windows: Option<TimeWindows>,
+    /// A window store's segments and retention.
+    pub segments: Option<Segments>,
+    /// The largest window start put, which expiry counts retention back from.
+    observed: Option<i64>,
     entries: HashMap<Vec<u8>, Entry>,
     /// Keys that turned dirty since the last flush, so a flush never scans clean entries.
     dirty: Vec<Vec<u8>>,
@@ -70,6 +77,9 @@ impl StoreState {
             forward_to: None,
             key_format,
             value_format,
+            windows: None,
+            segments: None,
+            observed: None,
             entries: HashMap::new(),
             dirty: Vec::new(),
             flushed: Vec::new(),
@@ -121,6 +131,25 @@ impl StoreState {
                     },
                 );
             }
+        }
+    }
+
+    /// A window starting at `start` was updated: stream time for this store's expiry.
+    pub fn observe(&mut self, start: i64) {
+        self.observed = Some(self.observed.map_or(start, |o| o.max(start)));
+    }
+
+    /// For a window store that has seen a window: windows starting before this are past
+    /// retention.
+    pub fn expired_before(&self) -> Option<i64> {
+        Some(self.segments?.expired_before(self.observed?))
+    }
+
+    /// Drop expired windows of an in-memory window store (RocksDB ones drop segments).
+    pub fn expire_in_memory(&mut self, before: i64) {
+        if let Backend::Memory(m) = &mut self.backend {
+            m.map
+                .retain(|k, _| crate::window::split(k).is_none_or(|(_, start)| start >= before));
         }
     }
 

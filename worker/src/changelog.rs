@@ -149,7 +149,14 @@ pub fn plan(
         .map(|s| topics::SubLayout {
             source: s.source.topic.clone(),
             internal: s.source.internal,
-            stores: s.stores.iter().map(|d| d.name.clone()).collect(),
+            stores: s
+                .stores
+                .iter()
+                .map(|d| topics::StoreLayout {
+                    name: d.name.clone(),
+                    kind: d.kind(),
+                })
+                .collect(),
         })
         .collect();
     let dead_letter = cfg.on_error == eddy_crds::OnError::DeadLetter;

@@ -49,6 +49,9 @@ pub enum FormatError {
     /// `i64` input of the wrong length.
     #[error("i64 needs exactly 8 bytes, got {0}")]
     I64Length(usize),
+    /// `windowed` used for something that is not a windowed key (validation refuses it).
+    #[error("windowed is the format of a windowed key, only for to.key after a window")]
+    NotWindowed,
     /// A value the format cannot represent.
     #[error("cannot write {value} as {format}: {reason}")]
     Encode {
@@ -74,6 +77,7 @@ pub fn decode(format: Format, bytes: &[u8]) -> Result<Val, FormatError> {
                 .map_err(|_| FormatError::I64Length(bytes.len()))?;
             Ok(Val::Num(Num::from_integral(i64::from_be_bytes(array))))
         }
+        Format::Windowed => Err(FormatError::NotWindowed),
     }
 }
 
@@ -93,6 +97,7 @@ pub fn encode(format: Format, v: &Val) -> Result<Vec<u8>, FormatError> {
             let n = integer(v).map_err(|reason| encode_error(v, format, reason))?;
             Ok(n.to_be_bytes().to_vec())
         }
+        Format::Windowed => Err(FormatError::NotWindowed),
     }
 }
 
@@ -103,6 +108,7 @@ fn name(format: Format) -> &'static str {
         Format::Json => "json",
         Format::Bytes => "bytes",
         Format::I64 => "i64",
+        Format::Windowed => "windowed",
     }
 }
 

@@ -34,6 +34,7 @@ pub mod store;
 pub mod task;
 pub mod topology;
 pub mod updater;
+pub mod window;
 
 pub use config::{Overrides, WorkerConfig};
 pub use processor::{Context, KeyValueStore, ProcessError, Processor};

@@ -116,11 +116,14 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
             s.processors.len()
         );
         for st in &s.stores {
-            println!(
-                "  store {} -> {}",
-                st.name,
-                eddy_crds::topics::changelog(&cfg.application_id, &st.name)
-            );
+            let changelog = eddy_crds::topics::changelog(&cfg.application_id, &st.name);
+            match &st.window {
+                Some(w) => println!(
+                    "  window store {} ({}, retention {}) -> {changelog}",
+                    st.name, w.windows, w.retention
+                ),
+                None => println!("  store {} -> {changelog}", st.name),
+            }
         }
         for sink in &s.sinks {
             println!("  to {}", sink.topic);

@@ -112,4 +112,10 @@ impl KeyValueStore<'_> {
     pub fn delete(&mut self, key: &[u8], timestamp: i64) {
         self.state.put(key, None, timestamp);
     }
+
+    /// A window store's window starting at `start` was written: expiry counts the store's
+    /// retention back from the latest such start.
+    pub fn observe_window(&mut self, start: i64) {
+        self.state.observe(start);
+    }
 }

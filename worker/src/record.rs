@@ -64,6 +64,20 @@ pub struct Record {
     pub value: Option<Data>,
     /// Milliseconds since the epoch.
     pub timestamp: i64,
+    /// The window of a windowed aggregation's result: `key` is then the inner key.
+    pub window: Option<crate::window::Window>,
+}
+
+impl Record {
+    /// A record outside any window.
+    pub fn new(key: Option<Data>, value: Option<Data>, timestamp: i64) -> Self {
+        Self {
+            key,
+            value,
+            timestamp,
+            window: None,
+        }
+    }
 }
 
 /// Where an input record came from, for error messages and dead letters.

@@ -9,10 +9,12 @@
 //! database drops the families (and checkpoints) of stores the topology no longer has here, so
 //! renaming, removing or moving a store to memory never stops a task from opening.
 
+use crate::window::Segments;
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, Env, FlushOptions, Options, WriteBatch,
     WriteBufferManager, WriteOptions,
 };
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -20,6 +22,9 @@ const META_CF: &str = "eddy-meta";
 /// RocksDB's own family, always present: it cannot be dropped, only emptied.
 const DEFAULT_CF: &str = rocksdb::DEFAULT_COLUMN_FAMILY_NAME;
 const CHECKPOINT_PREFIX: &[u8] = b"checkpoint/";
+/// Segment interval of a window store's family, so a family laid out for another interval
+/// (its retention changed) is rebuilt rather than misread.
+const SEGMENTS_PREFIX: &[u8] = b"segments/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -138,6 +143,8 @@ pub struct TaskDb {
     write: WriteOptions,
     /// Restore's writes: no WAL (see [`TaskDb::write_unlogged`]).
     unlogged: WriteOptions,
+    /// Window stores' families: their keys are laid out by segment (see [`crate::window`]).
+    segments: std::collections::HashMap<String, Segments>,
 }
 
 /// A change to apply at commit: `None` deletes the key.
@@ -205,6 +212,7 @@ impl TaskDb {
                 w.disable_wal(true);
                 w
             },
+            segments: Default::default(),
         };
         let reconciled = db.reconcile(&existing, stores)?;
         Ok((db, reconciled))
@@ -253,6 +261,64 @@ impl TaskDb {
         Ok(out)
     }
 
+    /// Declare which stores are window stores, with their segments. A window store whose
+    /// family was laid out for another segment interval (its retention changed) is emptied
+    /// with its checkpoint, so it restores from its changelog in the new layout; those are
+    /// returned.
+    pub fn with_segments(
+        mut self,
+        stores: &[(String, Segments)],
+    ) -> Result<(Self, Vec<String>), StoreError> {
+        let mut cleared = Vec::new();
+        let meta = self.cf(META_CF)?;
+        let mut batch = WriteBatch::default();
+        for (store, seg) in stores {
+            let key = [SEGMENTS_PREFIX, store.as_bytes()].concat();
+            let had = self.rocks(self.db.get_cf(meta, &key))?;
+            let want = seg.interval.to_be_bytes();
+            if had.as_deref() != Some(&want[..]) {
+                if had.is_some() && self.clear_into(&mut batch, store)? {
+                    batch.delete_cf(meta, checkpoint_key(store));
+                    cleared.push(store.clone());
+                } else if had.is_none() && self.checkpoint(store)?.is_some() {
+                    // A key-value store of the same name became a window store: its keys mean
+                    // something else now.
+                    self.clear_into(&mut batch, store)?;
+                    batch.delete_cf(meta, checkpoint_key(store));
+                    cleared.push(store.clone());
+                }
+                batch.put_cf(meta, &key, want);
+            }
+        }
+        self.rocks(self.db.write_opt(batch, &self.write))?;
+        self.segments = stores.iter().cloned().collect();
+        Ok((self, cleared))
+    }
+
+    /// The key `key` of `store` has in RocksDB.
+    fn db_key<'k>(&self, store: &str, key: &'k [u8]) -> Cow<'k, [u8]> {
+        match self.segments.get(store) {
+            Some(seg) => Cow::Owned(seg.db_key(key)),
+            None => Cow::Borrowed(key),
+        }
+    }
+
+    /// Drop the segments of a window store that hold only windows starting before `before`:
+    /// one range deletion, whose files compaction discards without reading them.
+    pub fn expire(&self, store: &str, before: i64) -> Result<(), StoreError> {
+        let Some(range) = self
+            .segments
+            .get(store)
+            .and_then(|s| s.expired_range(before))
+        else {
+            return Ok(());
+        };
+        let cf = self.cf(store)?;
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(cf, range.0, range.1);
+        self.rocks(self.db.write_opt(batch, &self.write))
+    }
+
     /// Remove the database of a task that has no persistent store any more. Opening it first
     /// takes RocksDB's lock, so a database another process uses is never deleted. Returns the
     /// stores whose families it held.
@@ -299,7 +365,7 @@ impl TaskDb {
 
     pub fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let cf = self.cf(store)?;
-        self.rocks(self.db.get_cf(cf, key))
+        self.rocks(self.db.get_cf(cf, self.db_key(store, key)))
     }
 
     /// The changelog offset this store's data reflects (next offset to read), if any.
@@ -351,9 +417,10 @@ impl TaskDb {
         let mut batch = WriteBatch::default();
         for (store, c) in changes {
             let cf = self.cf(store)?;
+            let key = self.db_key(store, c.key);
             match c.value {
-                Some(v) => batch.put_cf(cf, c.key, v),
-                None => batch.delete_cf(cf, c.key),
+                Some(v) => batch.put_cf(cf, key, v),
+                None => batch.delete_cf(cf, key),
             }
         }
         let meta = self.cf(META_CF)?;
@@ -672,6 +739,55 @@ mod tests {
         drop(db);
         assert_eq!(TaskDb::remove(&res, &dir).expect("remove"), names(&["a"]));
         assert!(!dir.exists());
+    }
+
+    #[test]
+    fn a_window_store_expires_whole_segments_and_is_rebuilt_when_its_segments_change() {
+        use crate::window::{Segments, key};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        let seg = Segments::for_retention(eddy_crds::Duration::from_millis(120_000));
+        let open = |seg: Segments| {
+            let (db, _) = TaskDb::open(&res, dir.path(), &names(&["w"])).expect("open");
+            db.with_segments(&[("w".to_string(), seg)])
+                .expect("segments")
+        };
+        {
+            let (db, cleared) = open(seg);
+            assert!(cleared.is_empty());
+            let (old, live) = (key(b"k", 10_000), key(b"k", 250_000));
+            for k in [&old, &live] {
+                db.write(
+                    [(
+                        "w",
+                        Change {
+                            key: k,
+                            value: Some(b"1"),
+                        },
+                    )],
+                    [("w", 2)],
+                )
+                .expect("write");
+            }
+            assert_eq!(db.get("w", &old).expect("get"), Some(b"1".to_vec()));
+            // Largest start 300_000, retention 120_000: the segment of 10_000 is wholly expired.
+            db.expire("w", seg.expired_before(300_000)).expect("expire");
+            assert_eq!(db.get("w", &old).expect("get"), None);
+            assert_eq!(db.get("w", &live).expect("get"), Some(b"1".to_vec()));
+            db.flush().expect("flush");
+        }
+        {
+            let (db, cleared) = open(seg);
+            assert!(cleared.is_empty(), "same layout: kept");
+            assert_eq!(db.checkpoint("w").expect("read"), Some(2));
+        }
+        // Another retention lays keys out in other segments: the store restores from scratch.
+        let (db, cleared) = open(Segments::for_retention(eddy_crds::Duration::from_millis(
+            86_400_000,
+        )));
+        assert_eq!(cleared, names(&["w"]));
+        assert_eq!(db.checkpoint("w").expect("read"), None);
+        assert_eq!(db.get("w", &key(b"k", 250_000)).expect("get"), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::processor::{Context, ProcessError, Processor};
 use crate::record::{Data, Origin, Record};
 use crate::store::{Change, MemoryStore, Reconciled, StateResources, StoreError, TaskDb};
 use crate::topology::SubTopology;
+use crate::window::Segments;
 use eddy_crds::{OnError, TaskId, topics};
 use prometheus_client::metrics::counter::Counter;
 use std::sync::Arc;
@@ -112,7 +113,14 @@ impl Task {
                 },
             )
         } else {
-            let (db, changed) = TaskDb::open(resources, &dir, &persistent).map_err(store_err)?;
+            let (db, mut changed) =
+                TaskDb::open(resources, &dir, &persistent).map_err(store_err)?;
+            let (db, relaid) = db.with_segments(&window_segments(sub)).map_err(store_err)?;
+            for store in relaid {
+                tracing::info!(task = %id, %store,
+                    "window store's retention (so its segments) changed, or it was a key-value store: cleared; it restores from its changelog");
+                changed.cleared.retain(|s| *s != store);
+            }
             (Some(db), changed)
         };
         for store in &changed.dropped {
@@ -146,6 +154,8 @@ impl Task {
                     d.value_format,
                 );
                 s.forward_to = d.forward_to;
+                s.windows = d.window.map(|w| w.windows);
+                s.segments = d.window.map(|w| Segments::for_retention(w.retention));
                 s
             })
             .collect::<Vec<_>>();
@@ -181,6 +191,21 @@ impl Task {
         Ok(task)
     }
 
+    /// Drop what window stores hold past their retention, after a commit.
+    fn expire_windows(&mut self) -> Result<(), StoreError> {
+        for s in &mut self.stores {
+            let Some(before) = s.expired_before() else {
+                continue;
+            };
+            match (&self.db, s.is_in_memory()) {
+                (_, true) => s.expire_in_memory(before),
+                (Some(db), false) => db.expire(&s.name, before)?,
+                (None, false) => {}
+            }
+        }
+        Ok(())
+    }
+
     pub fn set_state(&self, state: TaskState) {
         self.metrics
             .set_task_state(&self.labels.task, state_label(state));
@@ -202,11 +227,11 @@ impl Task {
     /// Process one input record; bad records follow `onError`.
     pub fn process(&mut self, origin: &Origin<'_>, timestamp: i64) -> Result<(), TaskError> {
         let (kf, vf) = (self.key_format, self.value_format);
-        let record = Record {
-            key: origin.key.map(|k| Data::raw(k, kf)),
-            value: origin.value.map(|v| Data::raw(v, vf)),
+        let record = Record::new(
+            origin.key.map(|k| Data::raw(k, kf)),
+            origin.value.map(|v| Data::raw(v, vf)),
             timestamp,
-        };
+        );
         let result = self.run(0, record);
         self.handle(result, origin)?;
         self.next_offset = Some(origin.offset + 1);
@@ -329,9 +354,9 @@ impl Task {
         while self.stores.iter().any(StoreState::has_dirty) {
             for i in 0..self.stores.len() {
                 let dirty = self.stores[i].take_dirty();
-                let (kf, vf, fwd) = {
+                let (kf, vf, fwd, windows) = {
                     let s = &self.stores[i];
-                    (s.key_format, s.value_format, s.forward_to)
+                    (s.key_format, s.value_format, s.forward_to, s.windows)
                 };
                 for d in dirty {
                     let s = &self.stores[i];
@@ -358,10 +383,14 @@ impl Task {
                             key: Some(&d.key),
                             value: d.value.as_deref(),
                         };
-                        let record = Record {
-                            key: Some(Data::raw(&d.key, kf)),
-                            value: d.value.as_deref().map(|v| Data::raw(v, vf)),
-                            timestamp: d.timestamp,
+                        let value = d.value.as_deref().map(|v| Data::raw(v, vf));
+                        // A window store's key is the inner key and the window's start.
+                        let record = match (&windows, crate::window::split(&d.key)) {
+                            (Some(w), Some((inner, start))) => Record {
+                                window: Some(w.at(start)),
+                                ..Record::new(Some(Data::raw(inner, kf)), value, d.timestamp)
+                            },
+                            _ => Record::new(Some(Data::raw(&d.key, kf)), value, d.timestamp),
                         };
                         let result = self.run(f, record);
                         self.handle(result, &origin)?;
@@ -425,6 +454,10 @@ impl Task {
                 self.metrics.store_bytes.get_or_create(&l).set(bytes as i64);
             }
         }
+        self.expire_windows().map_err(|source| TaskError::Store {
+            task: self.id,
+            source,
+        })?;
         self.next_offset = None;
         Ok(())
     }
@@ -479,4 +512,16 @@ impl Task {
     pub fn stores(&self) -> &[StoreState] {
         &self.stores
     }
+}
+
+/// The window stores of a sub-topology that live in RocksDB, with their segments.
+pub fn window_segments(sub: &SubTopology) -> Vec<(String, Segments)> {
+    sub.stores
+        .iter()
+        .filter(|s| !s.in_memory)
+        .filter_map(|s| {
+            s.window
+                .map(|w| (s.name.clone(), Segments::for_retention(w.retention)))
+        })
+        .collect()
 }

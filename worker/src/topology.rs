@@ -5,7 +5,9 @@
 use crate::expr::{Expr, ExprError};
 use crate::processor::Processor;
 use crate::steps;
-use eddy_crds::spec::{AppSpec, Step};
+use crate::window::TimeWindows;
+use eddy_crds::spec::AppSpec;
+use eddy_crds::step::Step;
 use eddy_crds::{Format, topics};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +33,27 @@ pub struct StoreDef {
     pub value_format: Format,
     /// Index of the processor that receives the store's updates when the cache flushes.
     pub forward_to: Option<usize>,
+    /// Set for a window store: its windows and how long it keeps them.
+    pub window: Option<WindowDef>,
+}
+
+/// What makes a store a window store.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowDef {
+    pub windows: TimeWindows,
+    pub retention: eddy_crds::Duration,
+}
+
+impl StoreDef {
+    /// The store's kind, as its changelog's configuration follows it.
+    pub fn kind(&self) -> eddy_crds::StoreKind {
+        match self.window {
+            Some(w) => eddy_crds::StoreKind::Window {
+                retention: w.retention,
+            },
+            None => eddy_crds::StoreKind::KeyValue,
+        }
+    }
 }
 
 /// A topic a sub-topology writes to (besides changelogs).
@@ -103,6 +126,8 @@ pub enum TopologyError {
     },
     #[error("topology[0]: the first step must be `from: {{topic: ...}}`")]
     NoSource,
+    #[error("topology[{step}].window: {message}")]
+    Window { step: usize, message: String },
 }
 
 /// The application's sub-topologies, in data-flow order.
@@ -141,20 +166,29 @@ impl Topology {
                 .map(|e| e.with_time_budget(budget))
                 .map_err(|source| TopologyError::Expr { step, source })
         };
+        if let Some(src) = &from.timestamp {
+            let e = compile(0, src, &steps::VARS)?;
+            cur = cur.processor(move || Box::new(steps::Timestamp(e.clone())));
+        }
+        // The window the next aggregation is per, and whether keys are windowed results.
+        let mut window: Option<WindowDef> = None;
+        let mut windowed = false;
         for (i, step) in spec.topology.iter().enumerate().skip(1) {
-            match step {
+            let fold = match step {
                 Step::From(_) => return Err(TopologyError::NoSource),
                 Step::Filter(src) => {
-                    let e = compile(i, src, &["key", "ts"])?;
+                    let e = compile(i, src, &steps::VARS)?;
                     cur = cur.processor(move || Box::new(steps::Filter(e.clone())));
+                    continue;
                 }
                 Step::Map(src) => {
-                    let e = compile(i, src, &["key", "ts"])?;
+                    let e = compile(i, src, &steps::VARS)?;
                     cur = cur.processor(move || Box::new(steps::Map(e.clone())));
                     vf = Format::Json;
+                    continue;
                 }
                 Step::GroupBy(g) => {
-                    let e = compile(i, g.expr(), &["key", "ts"])?;
+                    let e = compile(i, g.expr(), &steps::VARS)?;
                     let topic = topics::repartition(application_id, i, g.name());
                     let (key_format, value_format) = (g.format(), vf);
                     let t = topic.clone();
@@ -181,60 +215,100 @@ impl Topology {
                     );
                     subs.push(std::mem::replace(&mut cur, next));
                     kf = key_format;
+                    windowed = false;
+                    continue;
                 }
-                Step::Count(c) => {
-                    let (store, key_format) = (c.store.clone(), kf);
-                    cur = cur.processor(move || {
-                        Box::new(steps::Count {
-                            store: store.clone(),
-                            key_format,
-                        })
+                Step::Window(w) => {
+                    let bad = |message| TopologyError::Window { step: i, message };
+                    window = Some(WindowDef {
+                        windows: TimeWindows::new(w.kind().map_err(bad)?, w.grace),
+                        retention: w.retention().map_err(bad)?,
                     });
-                    vf = Format::I64;
-                    cur.stores.push(StoreDef {
-                        name: c.store.clone(),
-                        in_memory: c.in_memory,
-                        key_format: kf,
-                        value_format: vf,
-                        forward_to: Some(cur.processors.len()),
-                    });
-                }
-                Step::Aggregate(a) => {
-                    let initial = compile(i, &a.initial, &["key", "ts"])?;
-                    let add = compile(i, &a.add, &["key", "ts", "agg"])?;
-                    let (store, key_format) = (a.store.clone(), kf);
-                    cur = cur.processor(move || {
-                        Box::new(steps::Aggregate {
-                            store: store.clone(),
-                            key_format,
-                            initial: initial.clone(),
-                            add: add.clone(),
-                        })
-                    });
-                    vf = Format::Json;
-                    cur.stores.push(StoreDef {
-                        name: a.store.clone(),
-                        in_memory: a.in_memory,
-                        key_format: kf,
-                        value_format: vf,
-                        forward_to: Some(cur.processors.len()),
-                    });
+                    continue;
                 }
                 Step::To(to) => {
-                    let (topic, key_format, value_format) = (
-                        to.topic.clone(),
-                        to.key.unwrap_or(kf),
-                        to.value.unwrap_or(vf),
-                    );
+                    let (topic, inner_key_format, value_format) =
+                        (to.topic.clone(), kf, to.value.unwrap_or(vf));
+                    let key_format = to
+                        .key
+                        .unwrap_or(if windowed { Format::Windowed } else { kf });
                     cur = cur.processor(move || {
                         Box::new(steps::To {
                             topic: topic.clone(),
                             key_format,
+                            inner_key_format,
                             value_format,
                         })
                     });
                     cur = cur.sink(&to.topic);
+                    continue;
                 }
+                Step::Count(c) => (&c.store, c.in_memory, None, steps::Fold::Count),
+                Step::Aggregate(a) => (
+                    &a.store,
+                    a.in_memory,
+                    None,
+                    steps::Fold::Aggregate {
+                        initial: compile(i, &a.initial, &steps::VARS)?,
+                        add: compile(i, &a.add, &steps::AGG_VARS)?,
+                    },
+                ),
+                Step::Reduce(r) => (
+                    &r.store,
+                    r.in_memory,
+                    Some(vf),
+                    steps::Fold::Reduce {
+                        with: compile(i, &r.with, &steps::AGG_VARS)?,
+                        format: vf,
+                    },
+                ),
+            };
+            let (store, in_memory, keeps_format, fold) = fold;
+            let key_format = kf;
+            let name = store.clone();
+            cur = match window.take() {
+                Some(def) => {
+                    windowed = true;
+                    cur.processor(move || {
+                        Box::new(steps::window::WindowedAggregation::new(
+                            name.clone(),
+                            key_format,
+                            def.windows,
+                            fold.clone(),
+                        ))
+                    })
+                    .store(StoreDef {
+                        name: store.clone(),
+                        in_memory,
+                        key_format,
+                        value_format: keeps_format.unwrap_or_else(|| fold_format(step)),
+                        forward_to: None,
+                        window: Some(def),
+                    })
+                }
+                None => {
+                    windowed = false;
+                    cur.processor(move || {
+                        Box::new(steps::Aggregation {
+                            store: name.clone(),
+                            key_format,
+                            fold: fold.clone(),
+                        })
+                    })
+                    .store(StoreDef {
+                        name: store.clone(),
+                        in_memory,
+                        key_format,
+                        value_format: keeps_format.unwrap_or_else(|| fold_format(step)),
+                        forward_to: None,
+                        window: None,
+                    })
+                }
+            };
+            vf = keeps_format.unwrap_or_else(|| fold_format(step));
+            // The store's updates go on to the step after the aggregation.
+            if let Some(s) = cur.stores.last_mut() {
+                s.forward_to = Some(cur.processors.len());
             }
         }
         subs.push(cur);
@@ -244,9 +318,18 @@ impl Topology {
     }
 }
 
+/// The stored (and emitted) value format of a count or aggregate.
+fn fold_format(step: &Step) -> Format {
+    match step {
+        Step::Count(_) => Format::I64,
+        _ => Format::Json,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Data;
 
     #[test]
     fn a_rekey_splits_the_topology_at_a_repartition_topic() {
@@ -272,7 +355,7 @@ mod tests {
     #[test]
     fn expressions_get_the_time_budget_of_the_spec() {
         use crate::processor::{Context, ProcessError, Sink};
-        use crate::record::{Data, Record};
+        use crate::record::Record;
         struct NoSink;
         impl Sink for NoSink {
             fn send(
@@ -299,17 +382,220 @@ mod tests {
             sink: &mut sink,
             out: &mut out,
         };
-        let looping = Record {
-            key: None,
-            value: Some(Data::raw(br#"{"n": 0, "step": 0}"#, Format::Json)),
-            timestamp: 0,
-        };
+        let looping = Record::new(
+            None,
+            Some(Data::raw(br#"{"n": 0, "step": 0}"#, Format::Json)),
+            0,
+        );
         match filter.process(looping, &mut ctx) {
             Err(ProcessError::BadRecord(m)) => {
                 assert!(m.contains("exceeded its time budget of 50 ms"), "{m}")
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// What `to` sent, in order.
+    type Sent = (Option<Vec<u8>>, Option<Vec<u8>>, i64);
+    struct Recorder(Vec<Sent>);
+    impl crate::processor::Sink for Recorder {
+        fn send(
+            &mut self,
+            _: &str,
+            _: Option<i32>,
+            key: Option<&[u8]>,
+            value: Option<&[u8]>,
+            ts: i64,
+        ) -> Result<(), crate::processor::ProcessError> {
+            self.0
+                .push((key.map(<[u8]>::to_vec), value.map(<[u8]>::to_vec), ts));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_tumbling_count_counts_per_window_drops_late_records_and_writes_windowed_keys() {
+        use crate::cache::{Backend, StoreState};
+        use crate::processor::{Context, ProcessError};
+        use crate::record::Record;
+        use crate::store::MemoryStore;
+        let app = eddy_crds::parse_app(
+            "topology:\n- from: {topic: logins, timestamp: '.at'}\n- filter: '.ok | not'\n- groupBy: '.user'\n- window: {tumbling: 10s, grace: 5s}\n- count: {store: failures}\n- map: '{user: $key, n: ., from: $window.start}'\n- to: {topic: out}\n",
+        )
+        .expect("valid");
+        let t = Topology::from_spec("x", &app.spec).expect("compiles");
+        // Sub-topology 0: the event time comes from the value.
+        let mut ts = (t.subtopologies[0].processors[0])();
+        let mut sent = Recorder(Vec::new());
+        let mut out = Vec::new();
+        let r = Record::new(None, Some(Data::raw(br#"{"at": 12345}"#, Format::Json)), 1);
+        ts.process(
+            r,
+            &mut Context {
+                stores: &mut [],
+                db: None,
+                sink: &mut sent,
+                out: &mut out,
+            },
+        )
+        .expect("timestamp");
+        assert_eq!(out[0].timestamp, 12345);
+        let bad = Record::new(None, Some(Data::raw(br#"{"at": "soon"}"#, Format::Json)), 1);
+        match ts.process(
+            bad,
+            &mut Context {
+                stores: &mut [],
+                db: None,
+                sink: &mut sent,
+                out: &mut out,
+            },
+        ) {
+            Err(ProcessError::BadRecord(m)) => assert!(m.contains("expected milliseconds"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // Sub-topology 1: the windowed count.
+        let sub = &t.subtopologies[1];
+        let def = &sub.stores[0];
+        let w = def.window.expect("a window store");
+        assert_eq!(w.windows.to_string(), "tumbling 10s, grace 5s");
+        assert_eq!(w.retention, eddy_crds::Duration::from_millis(86_400_000));
+        let mut store = StoreState::new(
+            "failures",
+            "x-failures-changelog".into(),
+            Backend::Memory(MemoryStore::default()),
+            def.key_format,
+            def.value_format,
+        );
+        store.windows = Some(w.windows);
+        let mut procs: Vec<_> = sub.processors.iter().map(|p| p()).collect();
+        let mut counts = Vec::new();
+        for (user, at) in [
+            ("a", 1_000),
+            ("a", 9_999),
+            ("b", 10_000),
+            ("a", 21_000),
+            ("a", 15_000),
+            ("a", 5_000),
+        ] {
+            let r = Record::new(
+                Some(Data::raw(user.as_bytes(), Format::String)),
+                Some(Data::raw(b"{}", Format::Json)),
+                at,
+            );
+            let mut ctx = Context {
+                stores: std::slice::from_mut(&mut store),
+                db: None,
+                sink: &mut sent,
+                out: &mut out,
+            };
+            match procs[0].process(r, &mut ctx) {
+                Ok(()) => {}
+                Err(ProcessError::Skip(m)) => {
+                    assert!(m.contains("late record") && at == 5_000, "{at}: {m}");
+                    continue;
+                }
+                Err(e) => panic!("{e}"),
+            }
+            for d in store.take_dirty() {
+                let (inner, start) = crate::window::split(&d.key).expect("window key");
+                let n = i64::from_be_bytes(
+                    d.value.clone().expect("count").try_into().expect("8 bytes"),
+                );
+                counts.push((String::from_utf8_lossy(inner).to_string(), start, n));
+                let r = Record {
+                    window: Some(w.windows.at(start)),
+                    ..Record::new(
+                        Some(Data::raw(inner, Format::String)),
+                        d.value.as_deref().map(|v| Data::raw(v, Format::I64)),
+                        d.timestamp,
+                    )
+                };
+                let mut next = Vec::new();
+                let mut ctx = Context {
+                    stores: &mut [],
+                    db: None,
+                    sink: &mut sent,
+                    out: &mut next,
+                };
+                procs[1].process(r, &mut ctx).expect("map");
+                let mut ctx = Context {
+                    stores: &mut [],
+                    db: None,
+                    sink: &mut sent,
+                    out: &mut out,
+                };
+                procs[2].process(next.remove(0), &mut ctx).expect("to");
+            }
+        }
+        // 15_000 is 6 s behind stream time 21_000: window [10s, 20s) ends at 20_000 > 21_000 - 5_000,
+        // so it still counts; 5_000's window ended at 10_000, closed.
+        assert_eq!(
+            counts,
+            [
+                ("a".into(), 0, 1),
+                ("a".into(), 0, 2),
+                ("b".into(), 10_000, 1),
+                ("a".into(), 20_000, 1),
+                ("a".into(), 10_000, 1)
+            ]
+        );
+        let (key, value, _) = &sent.0[0];
+        let mut windowed = b"a".to_vec();
+        windowed.extend_from_slice(&0i64.to_be_bytes());
+        assert_eq!(
+            key.as_deref(),
+            Some(windowed.as_slice()),
+            "Kafka Streams' TimeWindowedSerializer layout"
+        );
+        assert_eq!(
+            value.as_deref(),
+            Some(&br#"{"user":"a","n":1,"from":0}"#[..])
+        );
+    }
+
+    #[test]
+    fn windowed_keys_are_written_as_to_key_says() {
+        use crate::window::{Window, encode_key};
+        let w = Window { start: 10, end: 20 };
+        let k = Data::raw(b"u1", Format::String);
+        assert_eq!(
+            encode_key(Format::Json, &k, Format::String, w).expect("json"),
+            br#"{"key":"u1","start":10,"end":20}"#
+        );
+        assert_eq!(
+            encode_key(Format::String, &k, Format::String, w).expect("string"),
+            b"[u1@10/20]"
+        );
+        let n = Data::raw(&7i64.to_be_bytes(), Format::I64);
+        let mut expected = 7i64.to_be_bytes().to_vec();
+        expected.extend_from_slice(&10i64.to_be_bytes());
+        assert_eq!(
+            encode_key(Format::Windowed, &n, Format::I64, w).expect("windowed"),
+            expected
+        );
+        assert_eq!(
+            encode_key(Format::String, &n, Format::I64, w).expect("string"),
+            b"[7@10/20]"
+        );
+    }
+
+    /// Every app in examples/ is valid and compiles.
+    #[test]
+    fn the_examples_compile() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("examples/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let text = std::fs::read_to_string(&path).expect("readable");
+                let app = eddy_crds::parse_app(&text)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                Topology::from_spec("x", &app.spec)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3, "found {seen} examples");
     }
 
     #[test]

@@ -420,6 +420,9 @@ impl State {
         } else {
             let (db, _) = TaskDb::open(&self.resources, &self.cfg.task_dir(id), &persistent)
                 .map_err(store_err)?;
+            let (db, _) = db
+                .with_segments(&crate::task::window_segments(sub))
+                .map_err(store_err)?;
             Some(db)
         };
         let defs: Vec<(String, bool)> = sub

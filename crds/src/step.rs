@@ -1,0 +1,411 @@
+//! The step vocabulary of a topology: what each step is called, what it takes, and how the
+//! API server checks it. Described once here and read by the spec, validation
+//! ([`crate::manifest`]), the layout of internal topics ([`crate::topics`]) and the worker.
+
+use crate::duration::Duration;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+const STEPS: &str = "from, filter, map, groupBy, window, count, aggregate, reduce, to";
+
+/// How the bytes of a key or value are read and written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// UTF-8 text; a jq string is written as its raw text, other values as JSON.
+    String,
+    /// JSON text.
+    Json,
+    /// Arbitrary bytes; seen by jq as an array of numbers 0..255.
+    Bytes,
+    /// 8-byte big-endian signed integer (Kafka's LongSerializer).
+    I64,
+    /// A windowed key as Kafka Streams' windowed serdes write it: the inner key's bytes, then
+    /// the window start as an 8-byte big-endian long (`TimeWindowedSerializer`). Only for
+    /// `to.key` after a window.
+    Windowed,
+}
+
+/// One step of a topology. Expressions are jq: `.` is the record value, `$key` the key,
+/// `$ts` the timestamp in ms, in `aggregate.add` and `reduce.with` `$agg` the current
+/// aggregate and, after a window, `$window` the record's window (`{start, end}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Step {
+    /// Read a topic: one task per partition.
+    From(FromStep),
+    /// Keep the records for which the expression is true.
+    Filter(String),
+    /// Replace the value by each output of the expression.
+    Map(String),
+    /// Re-key by the expression's output; inserts a repartition topic, named after the
+    /// step's `name`, or its index when it has none.
+    GroupBy(GroupBy),
+    /// Make the next aggregation (`count`, `aggregate`, `reduce`) per key and time window.
+    Window(WindowStep),
+    /// Count records per key into a store; emits the updated count.
+    Count(CountStep),
+    /// Fold records per key into a store; emits the updated aggregate.
+    Aggregate(AggregateStep),
+    /// Combine records per key with an expression of the current value and the new one;
+    /// emits the updated value.
+    Reduce(ReduceStep),
+    /// Write to a topic, partitioned by Kafka's murmur2 of the key bytes.
+    To(ToStep),
+}
+
+impl Step {
+    /// The step's key as users write it (`groupBy`), for messages.
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            Step::From(_) => "from",
+            Step::Filter(_) => "filter",
+            Step::Map(_) => "map",
+            Step::GroupBy(_) => "groupBy",
+            Step::Window(_) => "window",
+            Step::Count(_) => "count",
+            Step::Aggregate(_) => "aggregate",
+            Step::Reduce(_) => "reduce",
+            Step::To(_) => "to",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FromStep {
+    pub topic: String,
+    #[serde(default = "default_key_format")]
+    pub key: Format,
+    #[serde(default = "default_value_format")]
+    pub value: Format,
+    /// jq: the record's event time in milliseconds since the epoch, from its value (default:
+    /// the Kafka record's timestamp). Windows and stream time follow it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+}
+
+/// `groupBy: '.user'`, or `groupBy: {key: '.user', format: json, name: by-user}` to choose
+/// the key format or name the step.
+#[derive(Clone, Debug, PartialEq, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum GroupBy {
+    Expr(String),
+    Full(GroupByStep),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GroupByStep {
+    pub key: String,
+    #[serde(default = "default_key_format")]
+    pub format: Format,
+    /// Names the repartition topic `<applicationId>-<name>-repartition`, so it keeps its name
+    /// when steps are inserted or removed around this one (as Kafka Streams' `Grouped.as`).
+    /// Default: the step's index, `<applicationId>-<index>-repartition`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "name_or_index"
+    )]
+    pub name: Option<String>,
+}
+
+/// A step name; a number is read as its digits, so `name: 2` (which keeps the topic an
+/// unnamed step at index 2 wrote) means the same in a YAML file and in the cluster's JSON.
+fn name_or_index<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a name (ASCII letters, digits, '.', '_', '-')")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+    }
+    d.deserialize_any(V).map(Some)
+}
+
+impl GroupBy {
+    pub fn expr(&self) -> &str {
+        match self {
+            GroupBy::Expr(e) => e,
+            GroupBy::Full(s) => &s.key,
+        }
+    }
+    pub fn format(&self) -> Format {
+        match self {
+            GroupBy::Expr(_) => Format::String,
+            GroupBy::Full(s) => s.format,
+        }
+    }
+    /// The step's `name`, if it has one.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            GroupBy::Expr(_) => None,
+            GroupBy::Full(s) => s.name.as_deref(),
+        }
+    }
+}
+
+// By hand rather than `untagged`: an untagged enum reports any mistake in the object form as
+// "data did not match any variant", where this names the unknown or mistyped field.
+impl<'de> Deserialize<'de> for GroupBy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = GroupBy;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a jq expression, or {key: <jq>, format: FORMAT, name: NAME}")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<GroupBy, E> {
+                Ok(GroupBy::Expr(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<GroupBy, A::Error> {
+                GroupByStep::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(GroupBy::Full)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CountStep {
+    pub store: String,
+    #[serde(default)]
+    pub in_memory: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AggregateStep {
+    pub store: String,
+    /// jq expression for the first aggregate of a key (input is the record value).
+    pub initial: String,
+    /// jq expression for the new aggregate, with `$agg` bound to the current one.
+    pub add: String,
+    #[serde(default)]
+    pub in_memory: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReduceStep {
+    pub store: String,
+    /// jq expression for the new value: `.` is the record's value, `$agg` the current one.
+    /// The first value of a key is stored as it is.
+    pub with: String,
+    #[serde(default)]
+    pub in_memory: bool,
+}
+
+/// `window: {tumbling: 5m, grace: 30s}` or `{hopping: 1h, advance: 5m, grace: 0s}`: exactly
+/// one kind, with its grace period.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WindowStep {
+    /// Fixed windows of this size, one after the other (Kafka Streams' `TimeWindows` with
+    /// advance = size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tumbling: Option<Duration>,
+    /// Fixed windows of this size that start every `advance`, so a record is in several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hopping: Option<Duration>,
+    /// How far apart hopping windows start: more than 0, at most their size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advance: Option<Duration>,
+    /// How late (in event time, behind the largest timestamp the task has seen) a record may
+    /// arrive and still count in its window: `0s` drops every late record. Required, as Kafka
+    /// Streams asks to choose between `ofSizeWithNoGrace` and `ofSizeAndGrace`.
+    pub grace: Duration,
+    /// How long windows are kept in the store (default one day, and at least size + grace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Duration>,
+}
+
+/// A window step's kind, read from its fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowKind {
+    Tumbling { size: Duration },
+    Hopping { size: Duration, advance: Duration },
+}
+
+/// Kafka Streams' default window store retention.
+pub const DEFAULT_WINDOW_RETENTION: Duration = Duration::from_millis(86_400_000);
+
+impl WindowStep {
+    /// Exactly one kind, and its sizes make sense.
+    pub fn kind(&self) -> Result<WindowKind, String> {
+        let zero = |what: &str| format!("{what} must be more than 0");
+        match (self.tumbling, self.hopping, self.advance) {
+            (Some(size), None, None) if size > Duration::ZERO => Ok(WindowKind::Tumbling { size }),
+            (Some(_), None, None) => Err(zero("tumbling")),
+            (Some(_), None, Some(_)) => Err("advance belongs to hopping windows: tumbling windows advance by their size".into()),
+            (None, Some(_), None) => Err("hopping windows need advance: how far apart windows start, e.g. {hopping: 1h, advance: 5m, grace: 0s}".into()),
+            (None, Some(size), Some(advance)) => {
+                if size == Duration::ZERO {
+                    Err(zero("hopping"))
+                } else if advance == Duration::ZERO || advance > size {
+                    Err(format!("advance must be more than 0 and at most the window size ({size}), got {advance}"))
+                } else {
+                    Ok(WindowKind::Hopping { size, advance })
+                }
+            }
+            (None, None, _) => Err("give the window's kind: {tumbling: 5m, grace: 30s} or {hopping: 1h, advance: 5m, grace: 0s}".into()),
+            (Some(_), Some(_), _) => Err("a window is tumbling or hopping, not both".into()),
+        }
+    }
+
+    /// How long windows stay in the store: `retention`, or one day, and never less than
+    /// size + grace (a window must outlive its last chance of an update).
+    pub fn retention(&self) -> Result<Duration, String> {
+        let size = match self.kind()? {
+            WindowKind::Tumbling { size } | WindowKind::Hopping { size, .. } => size,
+        };
+        let least = size.saturating_add(self.grace);
+        match self.retention {
+            Some(r) if r < least => Err(format!(
+                "retention {r} is less than size + grace ({least}): windows would be dropped while records may still update them"
+            )),
+            Some(r) => Ok(r),
+            None => Ok(DEFAULT_WINDOW_RETENTION.max(least)),
+        }
+    }
+}
+
+/// What kind of store an aggregation step keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    KeyValue,
+    /// Windows of a key, kept for `retention` after their start.
+    Window {
+        retention: Duration,
+    },
+}
+
+/// A store a topology declares, at the aggregation step that defines it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreDecl<'a> {
+    pub step: usize,
+    pub keyword: &'static str,
+    pub name: &'a str,
+    pub in_memory: bool,
+    pub kind: StoreKind,
+}
+
+/// Every store of a topology in step order. A `window` makes the aggregation after it a
+/// window store (a window whose sizes are wrong gives a key-value kind here; validation
+/// refuses it before anything uses the layout).
+pub fn stores(topology: &[Step]) -> Vec<StoreDecl<'_>> {
+    let mut out = Vec::new();
+    for (i, step) in topology.iter().enumerate() {
+        let (name, in_memory) = match step {
+            Step::Count(c) => (&c.store, c.in_memory),
+            Step::Aggregate(a) => (&a.store, a.in_memory),
+            Step::Reduce(r) => (&r.store, r.in_memory),
+            _ => continue,
+        };
+        let kind = match i.checked_sub(1).and_then(|j| topology.get(j)) {
+            Some(Step::Window(w)) => {
+                w.retention()
+                    .map_or(StoreKind::KeyValue, |retention| StoreKind::Window {
+                        retention,
+                    })
+            }
+            _ => StoreKind::KeyValue,
+        };
+        out.push(StoreDecl {
+            step: i,
+            keyword: step.keyword(),
+            name,
+            in_memory,
+            kind,
+        });
+    }
+    out
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToStep {
+    pub topic: String,
+    /// Key format (default: the key's current format; after a window, `windowed`). A
+    /// windowed key is written `windowed` (Kafka Streams' windowed serdes), `json`
+    /// (`{"key": …, "start": ms, "end": ms}`) or `string` (`[key@start/end]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Format>,
+    /// Value format (default: the value's current format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Format>,
+}
+
+fn default_key_format() -> Format {
+    Format::String
+}
+fn default_value_format() -> Format {
+    Format::Json
+}
+
+/// One step: exactly one of the known keys. An unknown step is an undeclared field, which
+/// the API server names in its rejection (`.spec.topology[1].cont: field not declared in
+/// schema`). `groupBy` is a string or an object, which a structural schema can only leave
+/// open (and CEL cannot see); `manifest::validate` checks its shape and name (the worker at
+/// start, the operator before it creates anything).
+pub(crate) fn schema() -> Value {
+    let d = |mut v: Value, text: &str| {
+        v["description"] = json!(text);
+        v
+    };
+    let string = json!({"type": "string", "minLength": 1});
+    let format = json!({"type": "string", "enum": ["string", "json", "bytes", "i64"]});
+    let topic =
+        json!({"type": "string", "minLength": 1, "maxLength": 249, "pattern": "^[a-zA-Z0-9._-]+$"});
+    let store =
+        json!({"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[a-zA-Z0-9._-]+$"});
+    let store = d(
+        store,
+        "Name of the state store: its changelog is <applicationId>-<store>-changelog.",
+    );
+    let in_memory = json!({"type": "boolean", "description": "Keep the store in memory instead of RocksDB (restored in full from its changelog at every start)."});
+    let (store_reduce, in_memory_reduce) = (store.clone(), in_memory.clone());
+    let duration = json!({"type": "string", "pattern": crate::duration::PATTERN});
+    json!({
+        "type": "object",
+        "description": format!("One step, a one-key map: {STEPS}"),
+        "maxProperties": 1,
+        "minProperties": 1,
+        "properties": {
+            "from": {"type": "object", "description": "Read a topic: one task per partition.", "required": ["topic"], "properties": {
+                "topic": d(topic.clone(), "The source topic (it must exist)."),
+                "key": d(format.clone(), "Key format: string, json, bytes or i64 (default string)."),
+                "value": d(format.clone(), "Value format: json, string, bytes or i64 (default json)."),
+                "timestamp": d(string.clone(), "jq: the event time in ms since the epoch, from the value (default: the record's timestamp).")}},
+            "filter": d(string.clone(), "jq: keep the records for which it is true (`.` is the value, $key the key, $ts the timestamp)."),
+            "map": d(string.clone(), "jq: replace the value by each of its outputs."),
+            "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "Re-key: a jq expression, or {key: <jq>, format: FORMAT, name: NAME}. The name names the repartition topic <applicationId>-<name>-repartition; without one, the step's index does."},
+            "window": {"type": "object", "description": "Make the next count, aggregate or reduce per key and time window: {tumbling: 5m, grace: 30s} or {hopping: 1h, advance: 5m, grace: 0s}.", "required": ["grace"], "properties": {
+                "tumbling": d(duration.clone(), "Size of tumbling windows."),
+                "hopping": d(duration.clone(), "Size of hopping windows."),
+                "advance": d(duration.clone(), "How far apart hopping windows start (more than 0, at most the size)."),
+                "grace": d(duration.clone(), "How late a record may arrive and still count in its window (0s drops every late record)."),
+                "retention": d(duration, "How long windows are kept (default one day, at least size + grace).")}},
+            "count": {"type": "object", "description": "Count records per key into a store; emits the updated count (i64).", "required": ["store"], "properties": {"store": store.clone(), "inMemory": in_memory.clone()}},
+            "aggregate": {"type": "object", "description": "Fold records per key into a store; emits the updated aggregate.", "required": ["store", "initial", "add"], "properties": {
+                "store": store, "initial": d(string.clone(), "jq: the first aggregate of a key (input: the record value)."),
+                "add": d(string.clone(), "jq: the new aggregate, with $agg bound to the current one."), "inMemory": in_memory}},
+            "reduce": {"type": "object", "description": "Combine the records of a key: the first value as it is, then `with`; emits the updated value.", "required": ["store", "with"], "properties": {
+                "store": store_reduce, "with": d(string.clone(), "jq: the new value, with . the record's value and $agg the current one."), "inMemory": in_memory_reduce}},
+            "to": {"type": "object", "description": "Write to a topic, partitioned by Kafka's murmur2 of the key bytes.", "required": ["topic"], "properties": {
+                "topic": d(topic, "The output topic (it must exist)."),
+                "key": d(json!({"type": "string", "enum": ["string", "json", "bytes", "i64", "windowed"]}), "Key format (default: the key's current format; after a window, windowed). A windowed key is written windowed (Kafka Streams' windowed serdes), json ({key, start, end}) or string ([key@start/end])."),
+                "value": d(format, "Value format (default: the value's current format).")}},
+        },
+    })
+}

@@ -1,0 +1,289 @@
+//! End-to-end tests of windowed aggregations on a real broker: event time from the value,
+//! out-of-order and late records, final results per key and window as Kafka Streams defines
+//! them, windowed keys a Java consumer reads, state that survives a restart, and changelogs
+//! that Kafka itself expires.
+
+use anyhow::{Context, Result, ensure};
+use eddy_e2e::*;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+const READY: Duration = Duration::from_secs(120);
+const DONE: Duration = Duration::from_secs(240);
+
+/// Topics a test made, deleted when it ends, even on failure.
+struct Cleanup(Vec<String>, String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let mut all = self.0.clone();
+        all.extend(topics_with_prefix(&self.1).unwrap_or_default());
+        all.sort();
+        all.dedup();
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        let _ = delete_topics(&refs);
+    }
+}
+
+/// One login event: user, event time and value, in production order.
+struct Event {
+    user: String,
+    at: i64,
+    amount: i64,
+}
+
+/// Events for `users` users with event times that mostly move forward, jump back a little
+/// (within grace) and now and then a lot (past grace): what a real feed of phone logins
+/// looks like.
+fn events(n: usize, users: usize, start: i64) -> Vec<Event> {
+    let mut out = Vec::new();
+    let mut now = start;
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    for i in 0..n {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        now += (seed % 700) as i64;
+        let at = match i % 50 {
+            17 => now - 3_000,  // out of order, within a 5 s grace
+            33 => now - 40_000, // far behind: late for a 10 s window with 5 s grace
+            _ => now,
+        };
+        out.push(Event {
+            user: format!("u{}", seed % users as u64),
+            at: at.max(0),
+            amount: (seed % 100) as i64,
+        });
+    }
+    out
+}
+
+/// Event times near now: the brokers apply the changelogs' time-based retention to them.
+fn an_hour_ago() -> Result<i64> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    Ok(now.as_millis() as i64 - 3_600_000)
+}
+
+fn produce_events(topic: &str, events: &[Event]) -> Result<()> {
+    let records: Vec<Input> = events
+        .iter()
+        .map(|e| {
+            (
+                Some(e.user.clone().into_bytes()),
+                Some(format!(r#"{{"at":{},"amount":{}}}"#, e.at, e.amount).into_bytes()),
+            )
+        })
+        .collect();
+    produce(topic, &records)
+}
+
+/// Kafka Streams' semantics, written independently of eddy: per input partition (one task),
+/// stream time is the largest event time seen; a record updates each window `[start,
+/// start+size)` that holds it (starts are multiples of `advance`, at least 0) and whose end is
+/// after stream time minus grace. Returns the final value per (user, start), with `fold`
+/// combining the previous value (if any) and the record, and the number of records that
+/// updated no window.
+fn model(
+    events: &[Event],
+    partitions: i32,
+    (size, advance, grace): (i64, i64, i64),
+    fold: impl Fn(Option<i64>, &Event) -> i64,
+) -> (BTreeMap<(String, i64), i64>, usize) {
+    let mut out = BTreeMap::new();
+    let mut stream_time: HashMap<i32, i64> = HashMap::new();
+    let mut late = 0;
+    for e in events {
+        let p = eddy_worker::partitioner::partition_for(e.user.as_bytes(), partitions);
+        let st = stream_time.entry(p).or_insert(i64::MIN);
+        *st = (*st).max(e.at);
+        let close = *st - grace;
+        let mut start = (e.at - size + advance).max(0) / advance * advance;
+        let mut updated = false;
+        while start <= e.at {
+            if start + size > close {
+                let k = (e.user.clone(), start);
+                let v = fold(out.get(&k).copied(), e);
+                out.insert(k, v);
+                updated = true;
+            }
+            start += advance;
+        }
+        if !updated {
+            late += 1;
+        }
+    }
+    (out, late)
+}
+
+fn app(name: &str, input: &str, output: &str, steps: &str) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  commitIntervalMs: 200
+  topology:
+    - from: {{topic: {input}, key: string, value: json, timestamp: '.at'}}
+{steps}    - to: {{topic: {output}, key: json}}
+"#
+    )
+}
+
+/// `{"key": user, "start": ms, "end": ms}` keys and i64 (or JSON number) values, last per key.
+fn windowed_results(
+    topic: &str,
+    size: i64,
+    json_values: bool,
+) -> Result<BTreeMap<(String, i64), i64>> {
+    let mut out = BTreeMap::new();
+    for (k, v) in latest_by_key(topic)? {
+        let key: serde_json::Value = serde_json::from_slice(&k).context("a JSON windowed key")?;
+        let (user, start, end) = (
+            key["key"].as_str().context("key.key")?.to_string(),
+            key["start"].as_i64().context("key.start")?,
+            key["end"].as_i64().context("key.end")?,
+        );
+        ensure!(
+            end == start + size,
+            "window {start}..{end} is not {size} ms long"
+        );
+        let v = if json_values {
+            serde_json::from_slice::<i64>(&v).context("a JSON number")?
+        } else {
+            i64::from_be_bytes(v.as_slice().try_into().context("an i64 count")?)
+        };
+        out.insert((user, start), v);
+    }
+    Ok(out)
+}
+
+/// A tumbling count with grace: each user's failures per 10 s window of event time, out of
+/// order records within the grace period counted, records later than it dropped and
+/// counted as dropped, exactly the final counts Kafka Streams' semantics give. A restart
+/// resumes from the store (restored from RocksDB, not recounted), and the changelog is
+/// `compact,delete` with the retention plus a day, so Kafka expires old windows too.
+#[test]
+fn a_tumbling_count_gives_final_counts_per_window_and_drops_late_records() -> Result<()> {
+    let name = unique("logins");
+    let (input, output) = (format!("{name}-in"), format!("{name}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], name.clone());
+    create_topic(&input, 2)?;
+    create_topic(&output, 2)?;
+    let yaml = app(
+        &name,
+        &input,
+        &output,
+        "    - window: {tumbling: 10s, grace: 5s, retention: 1h}\n    - count: {store: failures}\n",
+    );
+    let (size, grace) = (10_000, 5_000);
+    let all = events(3_000, 20, an_hour_ago()?);
+    let count = |old: Option<i64>, _: &Event| old.unwrap_or(0) + 1;
+    let (first, rest) = all.split_at(2_000);
+    produce_events(&input, first)?;
+    let dir = tempfile::tempdir()?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    let (expected, late) = model(first, 2, (size, size, grace), count);
+    ensure!(late > 10, "the input must hold late records, has {late}");
+    wait_until(DONE, || {
+        Ok(windowed_results(&output, size, false)? == expected)
+    })
+    .with_context(|| format!("counts per window\n{}", w.logs()))?;
+    let dropped = w.metric("eddy_bad_records_total", &["outcome=\"dropped\""])?;
+    ensure!(
+        dropped == late as f64,
+        "{late} records were later than the grace period, {dropped} counted as dropped"
+    );
+    ensure!(w.stop()? == 0, "SIGTERM must exit 0:\n{}", w.logs());
+
+    let config = kafka_tool(&[
+        "configs",
+        "--describe",
+        "--entity-type",
+        "topics",
+        "--entity-name",
+        &format!("{name}-failures-changelog"),
+    ])?;
+    ensure!(
+        config.contains("cleanup.policy=compact,delete")
+            && config.contains(&format!("retention.ms={}", 3_600_000 + 86_400_000)),
+        "the changelog of a window store is compacted and deleted after retention + 1 day: {config}"
+    );
+
+    // The rest after a restart: stream time starts over (as in Kafka Streams), counts go on
+    // from the store.
+    produce_events(&input, rest)?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    ensure!(
+        w.metric("eddy_restored_records_total", &[])? == 0.0,
+        "after a clean stop nothing needs restoring"
+    );
+    let expected_rest = {
+        // Stream time per partition restarts at the first record after the restart.
+        let (mut merged, _) = model(first, 2, (size, size, grace), count);
+        let (more, _) = model(rest, 2, (size, size, grace), count);
+        for (k, n) in more {
+            *merged.entry(k).or_insert(0) += n;
+        }
+        merged
+    };
+    wait_until(DONE, || {
+        Ok(windowed_results(&output, size, false)? == expected_rest)
+    })
+    .with_context(|| format!("counts per window after the restart\n{}", w.logs()))?;
+    ensure!(w.stop()? == 0);
+    Ok(())
+}
+
+/// A hopping reduce (sum of amounts per 20 s window every 5 s, no grace) from a state dir
+/// wiped after the first run: the windows come back from the changelog and sums go on.
+#[test]
+fn a_hopping_reduce_restores_its_windows_from_the_changelog() -> Result<()> {
+    let name = unique("spend");
+    let (input, output) = (format!("{name}-in"), format!("{name}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], name.clone());
+    create_topic(&input, 2)?;
+    create_topic(&output, 1)?;
+    let yaml = app(
+        &name,
+        &input,
+        &output,
+        "    - map: '.amount'\n    - window: {hopping: 20s, advance: 5s, grace: 0s}\n    - reduce: {store: spend, with: '$agg + .'}\n",
+    );
+    let (size, advance) = (20_000, 5_000);
+    let sum = |old: Option<i64>, e: &Event| old.unwrap_or(0) + e.amount;
+    let all = events(1_500, 10, an_hour_ago()?);
+    let (first, rest) = all.split_at(1_000);
+    produce_events(&input, first)?;
+    let dir = tempfile::tempdir()?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    let (expected, _) = model(first, 2, (size, advance, 0), sum);
+    wait_until(DONE, || {
+        Ok(windowed_results(&output, size, true)? == expected)
+    })
+    .with_context(|| format!("sums per window\n{}", w.logs()))?;
+    ensure!(w.stop()? == 0);
+
+    std::fs::remove_dir_all(dir.path().join("state"))?;
+    produce_events(&input, rest)?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    ensure!(
+        w.metric("eddy_restored_records_total", &[])? > 0.0,
+        "a wiped state dir restores the windows from the changelog"
+    );
+    let (mut merged, _) = model(first, 2, (size, advance, 0), sum);
+    let (more, _) = model(rest, 2, (size, advance, 0), sum);
+    for (k, n) in more {
+        *merged.entry(k).or_insert(0) += n;
+    }
+    wait_until(
+        DONE,
+        || Ok(windowed_results(&output, size, true)? == merged),
+    )
+    .with_context(|| format!("sums per window after the restore\n{}", w.logs()))?;
+    ensure!(w.stop()? == 0);
+    Ok(())
+}
