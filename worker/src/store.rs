@@ -81,11 +81,14 @@ impl StateResources {
     /// RocksDB's memory as a whole.
     pub fn new(rocksdb_bytes: usize) -> Result<Self, StoreError> {
         let cache = Cache::new_lru_cache(rocksdb_bytes);
-        // Memtables may use half of the budget before RocksDB flushes; allow_stall keeps
-        // the bound hard instead of letting writers overshoot.
+        // Memtables may use half of the budget before RocksDB flushes. No stall: a stalled
+        // write waits for memory that only a flush of ANOTHER task's database frees, and a
+        // database without writes never flushes, so the processing thread waited forever
+        // (facebook/rocksdb#11780; seen at 1M keys). Idle tasks' memtables may then overshoot
+        // the bound by up to a write buffer each, until their next commit's writes flush them.
         let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
             rocksdb_bytes / 2,
-            true,
+            false,
             cache.clone(),
         );
         let mut env = Env::new().map_err(|source| StoreError::Rocks {
