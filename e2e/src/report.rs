@@ -685,6 +685,26 @@ pub fn compare(old: &Value, new: &Value, threshold: f64) -> Comparison {
     }
 }
 
+/// `12 figures of restore, 4 of operator` (a few ids in full).
+fn by_section(ids: &[String]) -> String {
+    if ids.len() <= 4 {
+        return ids.join(", ");
+    }
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for id in ids {
+        let sec = id.split('.').next().unwrap_or_default().to_string();
+        match counts.iter_mut().find(|(s, _)| *s == sec) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((sec, 1)),
+        }
+    }
+    counts
+        .iter()
+        .map(|(s, n)| format!("{n} figures of {s}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn num(v: f64) -> String {
     match v.abs() {
         a if a >= 1000.0 => format!("{v:.0}"),
@@ -757,11 +777,10 @@ pub fn comparison_text(c: &Comparison, old: &Value, new: &Value) -> String {
                 .map_or("–".into(), |c| format!("{:+.1}%", c * 100.0)),
         );
     }
-    if !c.only_old.is_empty() {
-        s += &format!("\nonly in old: {}\n", c.only_old.join(", "));
-    }
-    if !c.only_new.is_empty() {
-        s += &format!("\nonly in new: {}\n", c.only_new.join(", "));
+    for (which, ids) in [("old", &c.only_old), ("new", &c.only_new)] {
+        if !ids.is_empty() {
+            s += &format!("\nonly in {which}: {}\n", by_section(ids));
+        }
     }
     let r = c.regressions();
     if r.is_empty() {
@@ -1050,7 +1069,7 @@ pub fn publish(report: &Value, doc_path: &Path, chart_dir: &str) -> Result<Vec<S
         .filter(|s| !report["sections"][*s].is_null())
         .collect();
     let header = format!(
-        "Last published by `bench/report`: {}\n{}",
+        "The last `bench/report --publish` ran {} on this machine, at these versions (each block below names its own run: blocks of benchmarks a run left out keep their figures):\n\n{}",
         ran.join(", "),
         meta_markdown(&report["meta"])
     );

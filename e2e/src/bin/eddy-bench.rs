@@ -11,6 +11,9 @@
 //! [--partitions 12] [--no-kstreams] [--jar PATH]` runs only the large-state restore
 //! (`eddy_e2e::restore_bench`): over 1 GiB of state restored from an empty state dir and from
 //! a checkpoint `--tail` records behind, against a raw read and against Kafka Streams.
+//!
+//! `--help` prints the options (unknown ones are refused); `--json PATH` also writes the
+//! results as JSON for `bench/report`.
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -235,14 +238,21 @@ fn engine(records: usize, keys: usize, partitions: i32) -> Result<Value> {
     );
     md += "|---|---:|---:|---:|---:|---:|\n";
     for r in &rows {
+        // The raw changelog read runs in this process: no CPU or RSS of its own.
+        let (cpu, rss) = if r.rss == 0 {
+            ("–".to_string(), "–".to_string())
+        } else {
+            (
+                format!("{:.2}", r.cpu_per_m()),
+                format!("{:.0}", r.rss as f64 / 1048576.0),
+            )
+        };
         md += &format!(
-            "| {} | {} | {:.2} | {:.0} | {:.2} | {:.0} |\n",
+            "| {} | {} | {:.2} | {:.0} | {cpu} | {rss} |\n",
             r.name,
             r.records,
             r.seconds,
             r.rate(),
-            r.cpu_per_m(),
-            r.rss as f64 / 1048576.0
         );
     }
     md += "\nKafka's perf-test tools (Java client, its defaults unless named), same broker; the tools' own rates leave out JVM start and, for reads, the group join (`fetch`):\n\n";
