@@ -261,6 +261,15 @@ impl Sampler {
     }
 }
 
+/// How long eddy's processed count may stand still before a run fails.
+pub const NO_PROGRESS: Duration = Duration::from_secs(120);
+
+fn tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    let from = all.len().saturating_sub(lines);
+    format!("; its log's last lines:\n{}", all[from..].join("\n"))
+}
+
 fn run_eddy(yaml: &str, dir: &Path, processed: usize) -> Result<Measure> {
     let started = Instant::now();
     let mut w = Worker::start(yaml, dir)?;
@@ -269,12 +278,26 @@ fn run_eddy(yaml: &str, dir: &Path, processed: usize) -> Result<Measure> {
         rss: 0,
         cpu: 0.0,
     };
+    // A worker that stops making progress (a hang, not slowness) fails the run at once
+    // instead of holding it for half an hour.
+    let (mut last, mut moved) = (-1.0, Instant::now());
     loop {
         s.sample();
-        if let Ok(v) = w.metric("eddy_records_processed_total", &[])
-            && v >= processed as f64
-        {
-            break;
+        if let Ok(v) = w.metric("eddy_records_processed_total", &[]) {
+            if v >= processed as f64 {
+                break;
+            }
+            if v > last {
+                (last, moved) = (v, Instant::now());
+            }
+        }
+        if moved.elapsed() > NO_PROGRESS {
+            bail!(
+                "eddy: no progress for {} s at {} of {processed} records processed (the worker is kept from finishing: see its threads with gdb -p PID){}",
+                NO_PROGRESS.as_secs(),
+                last.max(0.0),
+                tail(&w.logs(), 20)
+            );
         }
         if started.elapsed() > Duration::from_secs(1800) {
             bail!("eddy: not done after 30 minutes:\n{}", w.logs());

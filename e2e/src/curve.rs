@@ -61,11 +61,18 @@ pub struct Point {
     pub keys: usize,
     pub partitions: i32,
     pub verified: bool,
-    pub eddy: Measure,
-    pub ks: Measure,
+    /// Both engines' figures, or why the point failed.
+    pub result: std::result::Result<(Measure, Measure), String>,
 }
 
-/// Run every point of the curve, in order; fails on the first failing point.
+impl Point {
+    fn measured(&self) -> Option<(&Measure, &Measure)> {
+        self.result.as_ref().ok().map(|(e, k)| (e, k))
+    }
+}
+
+/// Run every point of the curve, in order. A point that fails (e.g. an engine that stops
+/// making progress) is recorded with its error and the next one runs.
 pub fn run(o: &CurveOptions) -> Result<Vec<Point>> {
     if o.points.is_empty() {
         bail!("--points: no points given");
@@ -98,9 +105,19 @@ pub fn run(o: &CurveOptions) -> Result<Vec<Point>> {
             jar: o.jar.clone(),
             jvm_opts: o.jvm_opts.clone(),
         };
-        let mut rows = compare::run(&opts)?;
-        let Some(row) = rows.pop() else {
-            bail!("curve point {x}: no result");
+        let result = match compare::run(&opts) {
+            Ok(mut rows) => match rows.pop() {
+                Some(row) => Ok((row.eddy, row.ks)),
+                None => Err("no result".to_string()),
+            },
+            Err(e) => {
+                eprintln!("curve point {x} failed: {e:#}");
+                Err(format!("{e:#}")
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string())
+            }
         };
         out.push(Point {
             x,
@@ -108,8 +125,7 @@ pub fn run(o: &CurveOptions) -> Result<Vec<Point>> {
             keys,
             partitions,
             verified: verify,
-            eddy: row.eddy,
-            ks: row.ks,
+            result,
         });
     }
     Ok(out)
@@ -126,18 +142,30 @@ pub fn markdown(curve: Curve, points: &[Point]) -> String {
     );
     for p in points {
         let n = p.records;
+        let Some((eddy, ks)) = p.measured() else {
+            s += &format!(
+                "| {} | {n} | failed: {} | | | | | | | | |\n",
+                p.x,
+                p.result
+                    .as_ref()
+                    .err()
+                    .map_or("", |e| e.as_str())
+                    .replace('|', "/")
+            );
+            continue;
+        };
         s += &format!(
             "| {} | {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {} |\n",
             p.x,
             n,
-            p.eddy.rate(n),
-            p.ks.rate(n),
-            ratio(p.eddy.rate(n), p.ks.rate(n)),
-            p.eddy.rss_mib(),
-            p.ks.rss_mib(),
-            ratio(p.eddy.rss_mib(), p.ks.rss_mib()),
-            p.eddy.cpu_per_m(n),
-            p.ks.cpu_per_m(n),
+            eddy.rate(n),
+            ks.rate(n),
+            ratio(eddy.rate(n), ks.rate(n)),
+            eddy.rss_mib(),
+            ks.rss_mib(),
+            ratio(eddy.rss_mib(), ks.rss_mib()),
+            eddy.cpu_per_m(n),
+            ks.cpu_per_m(n),
             if p.verified { "equal" } else { "not compared" }
         );
     }
@@ -158,9 +186,10 @@ pub fn to_json(o: &CurveOptions, points: &[Point]) -> Value {
             "records": p.records,
             "keys": p.keys,
             "partitions": p.partitions,
-            "tables_compared": p.verified,
-            "eddy": compare::measure_json(&p.eddy, p.records),
-            "kafka_streams": compare::measure_json(&p.ks, p.records),
+            "tables_compared": p.verified && p.result.is_ok(),
+            "eddy": p.measured().map(|(e, _)| compare::measure_json(e, p.records)),
+            "kafka_streams": p.measured().map(|(_, k)| compare::measure_json(k, p.records)),
+            "error": p.result.as_ref().err(),
         })).collect::<Vec<_>>(),
         "kafka_streams_jvm_options": o.jvm_opts,
         "num_stream_threads": compare::EDDY_PROCESSING_THREADS,
@@ -201,6 +230,8 @@ pub fn svg(curve: Curve, points: &[Point]) -> String {
             Curve::Keys => "distinct keys",
         })
     );
+    // Failed points are left out of the chart (the table says why).
+    let points: Vec<&Point> = points.iter().filter(|p| p.result.is_ok()).collect();
     let n = points.len().max(1);
     let x = |i: usize| {
         if n == 1 {
@@ -210,10 +241,14 @@ pub fn svg(curve: Curve, points: &[Point]) -> String {
         }
     };
     let panels: [(&str, Pair); 2] = [
-        ("records/s", |p| {
-            (p.eddy.rate(p.records), p.ks.rate(p.records))
+        ("records/s", |p| match p.measured() {
+            Some((e, k)) => (e.rate(p.records), k.rate(p.records)),
+            None => (0.0, 0.0),
         }),
-        ("peak RSS MiB", |p| (p.eddy.rss_mib(), p.ks.rss_mib())),
+        ("peak RSS MiB", |p| match p.measured() {
+            Some((e, k)) => (e.rss_mib(), k.rss_mib()),
+            None => (0.0, 0.0),
+        }),
     ];
     for (pi, (title, get)) in panels.iter().enumerate() {
         let y0 = top + pi as f64 * (panel_h + 40.0);
@@ -295,8 +330,7 @@ mod tests {
             keys: x,
             partitions: 4,
             verified: true,
-            eddy: m(eddy_s, 100 << 20),
-            ks: m(ks_s, 400 << 20),
+            result: Ok((m(eddy_s, 100 << 20), m(ks_s, 400 << 20))),
         }
     }
 
@@ -310,5 +344,19 @@ mod tests {
         assert!(svg.contains(">1000<") && svg.contains(">250<"), "{svg}");
         let md = markdown(Curve::Keys, &pts);
         assert!(md.contains("| 10000 | 1000 | 1000 | 250 | 4.00 |"), "{md}");
+    }
+
+    #[test]
+    fn a_failed_point_is_reported_not_drawn() {
+        let mut failed = point(10_000_000, 1.0, 1.0);
+        failed.result = Err("eddy: no progress for 120 s".into());
+        let pts = [point(10_000, 1.0, 4.0), failed];
+        let md = markdown(Curve::Keys, &pts);
+        assert!(
+            md.contains("| 10000000 | 1000 | failed: eddy: no progress for 120 s |"),
+            "{md}"
+        );
+        let svg = svg(Curve::Keys, &pts);
+        assert!(!svg.contains("10M keys"), "{svg}");
     }
 }

@@ -219,5 +219,16 @@ fn run_curve(args: &Args, c: Curve, jar: PathBuf, jvm_opts: Vec<String>) -> Resu
     std::fs::write(base.with_extension("md"), &md)?;
     std::fs::write(base.with_extension("svg"), curve::svg(c, &points))?;
     eprintln!("wrote {}.{{json,md,svg}}", base.display());
+    let failed: Vec<String> = points
+        .iter()
+        .filter_map(|p| p.result.as_ref().err().map(|e| format!("{}: {e}", p.x)))
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{} curve point(s) failed: {}",
+            failed.len(),
+            failed.join("; ")
+        );
+    }
     Ok(())
 }
