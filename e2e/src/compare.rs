@@ -293,9 +293,10 @@ fn run_eddy(yaml: &str, dir: &Path, processed: usize) -> Result<Measure> {
         }
         if moved.elapsed() > NO_PROGRESS {
             bail!(
-                "eddy: no progress for {} s at {} of {processed} records processed (the worker is kept from finishing: see its threads with gdb -p PID){}",
+                "eddy: no progress for {} s at {} of {processed} records processed: a hang, not slowness (worker pid {} was killed; `gdb -p` on a rerun shows where it waits){}",
                 NO_PROGRESS.as_secs(),
                 last.max(0.0),
+                s.pid,
                 tail(&w.logs(), 20)
             );
         }
