@@ -5,6 +5,7 @@
 #
 #   bench/compare.sh [--records N] [--keys K] [--partitions P] [--out DIR] [--check-only] [--publish]
 #                    [--cases count:at_least_once,sum:exactly_once,...] [--jvm-defaults]
+#   bench/compare.sh --curve partitions|keys [--points LIST] [--records N] [--keys K | --partitions P]
 #
 # Kafka Streams' JVM runs with -Xmx512m (a 2 GiB container's default heap) and as many stream
 # threads as eddy's processing threads; --jvm-defaults drops the JVM options for contrast.

@@ -12,6 +12,10 @@ pub mod prometheus;
 
 pub mod compare;
 
+pub mod curve;
+
+pub mod report;
+
 pub mod restore_bench;
 
 pub mod scaling;

@@ -51,8 +51,9 @@ impl Measured {
 
 const STORE: &str = "latest";
 
-/// Run the benchmark and print its tables; deletes its topics and state dirs at the end.
-pub fn run(o: &Options) -> Result<()> {
+/// Run the benchmark, print its tables and return them as JSON; deletes its topics and state
+/// dirs at the end.
+pub fn run(o: &Options) -> Result<serde_json::Value> {
     if o.value_bytes < 3 {
         bail!("--value-bytes must be at least 3 (a JSON string)");
     }
@@ -78,7 +79,7 @@ fn run_with(
     input: &str,
     output: &str,
     changelog: &str,
-) -> Result<()> {
+) -> Result<serde_json::Value> {
     let jar = match (&o.jar, o.kstreams) {
         (Some(j), true) => Some(j.clone()),
         (None, true) => Some(kstreams_jar()?),
@@ -228,8 +229,8 @@ fn run_with(
         None => None,
     };
 
-    println!(
-        "\n{} keys, {}-byte values, {} partitions; eddy's state on disk after the restore: {:.2} GiB{}\n",
+    let mut md = format!(
+        "{} keys, {}-byte values, {} partitions; eddy's state on disk after the restore: {:.2} GiB{}\n\n",
         o.keys,
         o.value_bytes,
         o.partitions,
@@ -239,11 +240,11 @@ fn run_with(
             d as f64 / GIB
         ))
     );
-    println!("| case | records | MB read | seconds | records/s | CPU s | peak RSS MiB |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    md += "| case | records | MB read | seconds | records/s | CPU s | peak RSS MiB |\n";
+    md += "|---|---:|---:|---:|---:|---:|---:|\n";
     for r in &rows {
-        println!(
-            "| {} | {} | {} | {:.2} | {:.0} | {} | {} |",
+        md += &format!(
+            "| {} | {} | {} | {:.2} | {:.0} | {} | {} |\n",
             r.name,
             r.records,
             if r.bytes > 0 {
@@ -265,29 +266,77 @@ fn run_with(
             },
         );
     }
-    println!("\nratios (targets in parentheses):");
-    println!(
-        "  eddy restore / raw read, empty state dir:     {:.2} (≥ 0.8, ≤ 1)",
-        raw.seconds / full.seconds
-    );
-    println!(
-        "  eddy restore / raw read, checkpoint behind:   {:.2}",
-        raw_tail.seconds / tail.seconds
-    );
+    // (id, what, value, target, at least the target (else at most))
+    let mut ratios: Vec<(&str, &str, f64, Option<f64>, bool)> = vec![
+        (
+            "full_over_raw_read",
+            "eddy restore / raw read, empty state dir",
+            raw.seconds / full.seconds,
+            Some(0.8),
+            true,
+        ),
+        (
+            "tail_over_raw_read",
+            "eddy restore / raw read, checkpoint behind",
+            raw_tail.seconds / tail.seconds,
+            None,
+            true,
+        ),
+    ];
     if let (Some(k), Some(kt)) = (&ks_full, &ks_tail) {
-        println!(
-            "  eddy time / Kafka Streams', empty state dir:  {:.2} (≤ 0.5)",
-            full.seconds / k.seconds
-        );
-        println!(
-            "  eddy time / Kafka Streams', checkpoint behind: {:.2} (≤ 0.5)",
-            tail.seconds / kt.seconds
-        );
+        ratios.push((
+            "full_time_over_kstreams",
+            "eddy time / Kafka Streams', empty state dir",
+            full.seconds / k.seconds,
+            Some(0.5),
+            false,
+        ));
+        ratios.push((
+            "tail_time_over_kstreams",
+            "eddy time / Kafka Streams', checkpoint behind",
+            tail.seconds / kt.seconds,
+            Some(0.5),
+            false,
+        ));
     }
-    if full.rate() > raw.rate() {
-        println!("ceiling beaten (the baseline is wrong): eddy's restore beats the raw read");
+    md += "\n| ratio | measured | target |\n|---|---:|---:|\n";
+    for (_, what, v, t, at_least) in &ratios {
+        let (mark, target) = match t {
+            Some(t) if *at_least => (if *v >= *t { "" } else { " ✗" }, format!("≥ {t}")),
+            Some(t) => (if *v <= *t { "" } else { " ✗" }, format!("≤ {t}")),
+            None => ("", String::new()),
+        };
+        md += &format!("| {what} | {v:.2}{mark} | {target} |\n");
     }
-    Ok(())
+    let beaten = full.rate() > raw.rate();
+    if beaten {
+        md += "\nCeiling beaten (the baseline is wrong): eddy's restore beats the raw read.\n";
+    }
+    println!("\n{md}");
+    Ok(serde_json::json!({
+        "benchmark": "restore",
+        "keys": o.keys,
+        "value_bytes": o.value_bytes,
+        "tail": o.tail,
+        "partitions": o.partitions,
+        "kafka_streams": o.kstreams,
+        "eddy_state_bytes": eddy_disk,
+        "kafka_streams_state_bytes": ks_disk,
+        "rows": rows.iter().map(|r| serde_json::json!({
+            "case": r.name,
+            "records": r.records,
+            "bytes": r.bytes,
+            "seconds": r.seconds,
+            "records_per_second": r.rate(),
+            "cpu_seconds": r.cpu,
+            "peak_rss_bytes": r.rss,
+        })).collect::<Vec<_>>(),
+        "ratios": ratios.iter().map(|(id, what, v, t, at_least)| serde_json::json!({
+            "id": id, "what": what, "value": v, "target": t, "at_least": at_least,
+        })).collect::<Vec<_>>(),
+        "ceiling_beaten": beaten,
+        "markdown": md,
+    }))
 }
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;

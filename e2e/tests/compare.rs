@@ -16,6 +16,7 @@ fn eddy_matches_kafka_streams() -> anyhow::Result<()> {
         runs: ALL.to_vec(),
         input_prefix: unique("cmp-test-input"),
         delete_input: true,
+        verify: true,
         jar: kstreams_jar()?,
         jvm_opts: CONTAINER_JVM.iter().map(|s| s.to_string()).collect(),
     };

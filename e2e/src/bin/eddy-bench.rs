@@ -11,8 +11,12 @@
 //! [--partitions 12] [--no-kstreams] [--jar PATH]` runs only the large-state restore
 //! (`eddy_e2e::restore_bench`): over 1 GiB of state restored from an empty state dir and from
 //! a checkpoint `--tail` records behind, against a raw read and against Kafka Streams.
+//!
+//! `--help` prints the options (unknown ones are refused); `--json PATH` also writes the
+//! results as JSON for `bench/report`.
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use eddy_e2e::*;
 use eddy_worker::collector::PRODUCER_TUNING;
 use eddy_worker::restore::RESTORE_CONSUMER_TUNING;
@@ -23,51 +27,86 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
+use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
+#[derive(Parser, Debug)]
+#[command(
+    about = "The engine benchmark on a local broker (EDDY_TEST_BOOTSTRAP, else a broker named `test`): ceilings, count at-least-once and exactly-once, restore, memory; see docs/benchmarks.md",
+    after_help = "--large-restore runs only the large-state restore: --keys (default 4000000), --value-bytes, --tail, --partitions, --no-kstreams, --jar."
+)]
 struct Args {
+    /// Input records (not with --large-restore).
+    #[arg(long, default_value_t = 2_000_000, conflicts_with = "large_restore")]
+    records: usize,
+    /// Distinct keys of the input [default: 100000; 4000000 with --large-restore].
+    #[arg(long)]
+    keys: Option<usize>,
+    /// Input partitions.
+    #[arg(long, default_value_t = 12)]
+    partitions: i32,
+    /// Run only the large-state restore (eddy vs raw read vs Kafka Streams).
+    #[arg(long)]
+    large_restore: bool,
+    /// --large-restore: bytes of each value.
+    #[arg(long, default_value_t = 300, requires = "large_restore")]
+    value_bytes: usize,
+    /// --large-restore: updates appended for the checkpoint-behind case.
+    #[arg(long, default_value_t = 200_000, requires = "large_restore")]
+    tail: usize,
+    /// --large-restore: without Kafka Streams.
+    #[arg(long, requires = "large_restore")]
+    no_kstreams: bool,
+    /// --large-restore: the Kafka Streams reference app's jar (default: built by
+    /// bench/kstreams/build.sh).
+    #[arg(long, requires = "large_restore")]
+    jar: Option<std::path::PathBuf>,
+    /// Also write the results as JSON to this file (bench/report reads it).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+struct Sizes {
     records: usize,
     keys: usize,
     partitions: i32,
-}
-
-fn arg(name: &str, default: usize) -> Result<usize> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .with_context(|| format!("{name} needs a value"))?
-            .parse()
-            .with_context(|| format!("{name} must be a number")),
-        None => Ok(default),
-    }
 }
 
 /// Record size given to `producer-perf-test`: the input's values are ~95 bytes, keys ~10.
 const PERF_RECORD_SIZE: usize = 100;
 
 fn main() -> Result<()> {
+    // The raw clients' child processes (internal: see `raw_child`).
     if std::env::args().nth(1).as_deref() == Some("raw") {
         return raw_child();
     }
-    if std::env::args().any(|a| a == "--large-restore") {
-        let jar = std::env::args()
-            .skip_while(|a| a != "--jar")
-            .nth(1)
-            .map(std::path::PathBuf::from);
-        return eddy_e2e::restore_bench::run(&eddy_e2e::restore_bench::Options {
-            keys: arg("--keys", 4_000_000)?,
-            value_bytes: arg("--value-bytes", 300)?,
-            tail: arg("--tail", 200_000)?,
-            partitions: arg("--partitions", 12)? as i32,
-            kstreams: !std::env::args().any(|a| a == "--no-kstreams"),
-            jar,
-        });
+    let a = Args::parse();
+    let doc = if a.large_restore {
+        eddy_e2e::restore_bench::run(&eddy_e2e::restore_bench::Options {
+            keys: a.keys.unwrap_or(4_000_000),
+            value_bytes: a.value_bytes,
+            tail: a.tail,
+            partitions: a.partitions,
+            kstreams: !a.no_kstreams,
+            jar: a.jar.clone(),
+        })?
+    } else {
+        engine(a.records, a.keys.unwrap_or(100_000), a.partitions)?
+    };
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
     }
-    let a = Args {
-        records: arg("--records", 2_000_000)?,
-        keys: arg("--keys", 100_000)?,
-        partitions: arg("--partitions", 12)? as i32,
+    Ok(())
+}
+
+/// The engine benchmark proper: prints its tables and returns them as JSON.
+fn engine(records: usize, keys: usize, partitions: i32) -> Result<Value> {
+    let a = Sizes {
+        records,
+        keys,
+        partitions,
     };
     let bs = bootstrap()?;
     eprintln!(
@@ -194,29 +233,35 @@ fn main() -> Result<()> {
     rows.push(mem.clone());
     cleanup(&app, &[&out])?;
 
-    println!("\n| case | records | seconds | records/s | CPU s per M records | peak RSS MiB |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    let mut md = String::from(
+        "| case | records | seconds | records/s | CPU s per M records | peak RSS MiB |\n",
+    );
+    md += "|---|---:|---:|---:|---:|---:|\n";
     for r in &rows {
-        println!(
-            "| {} | {} | {:.2} | {:.0} | {:.2} | {:.0} |",
+        // The raw changelog read runs in this process: no CPU or RSS of its own.
+        let (cpu, rss) = if r.rss == 0 {
+            ("–".to_string(), "–".to_string())
+        } else {
+            (
+                format!("{:.2}", r.cpu_per_m()),
+                format!("{:.0}", r.rss as f64 / 1048576.0),
+            )
+        };
+        md += &format!(
+            "| {} | {} | {:.2} | {:.0} | {cpu} | {rss} |\n",
             r.name,
             r.records,
             r.seconds,
             r.rate(),
-            r.cpu / (r.records as f64 / 1e6),
-            r.rss as f64 / 1048576.0
         );
     }
-    println!(
-        "\nKafka's perf-test tools (Java client, its defaults unless named), same broker; the tools' own rates leave out JVM start and, for reads, the group join (`fetch`):\n"
-    );
-    println!(
-        "| tool | records | records/s (tool) | fetch records/s (tool) | wall s with JVM start |"
-    );
-    println!("|---|---:|---:|---:|---:|");
+    md += "\nKafka's perf-test tools (Java client, its defaults unless named), same broker; the tools' own rates leave out JVM start and, for reads, the group join (`fetch`):\n\n";
+    md +=
+        "| tool | records | records/s (tool) | fetch records/s (tool) | wall s with JVM start |\n";
+    md += "|---|---:|---:|---:|---:|\n";
     for t in &tools {
-        println!(
-            "| {} | {} | {:.0} | {} | {:.2} |",
+        md += &format!(
+            "| {} | {} | {:.0} | {} | {:.2} |\n",
             t.name,
             t.records,
             t.rate,
@@ -226,30 +271,57 @@ fn main() -> Result<()> {
     }
     let ratio = |x: &Run, y: &Run| x.rate() / y.rate();
     let (b, c) = (&rows[3], &rows[4]);
-    println!("\nratios (targets in parentheses):");
-    println!(
-        "  eddy from → to / raw consume→produce: {:.2} (≤ 1: the raw clients are its ceiling)",
-        ratio(&eddy_pass, &pass)
-    );
-    println!(
-        "  (b) count at-least-once / raw:        {:.2} (≥ 0.60)",
-        ratio(b, &pass)
-    );
-    println!(
-        "  (c) count exactly-once / raw:         {:.2} (≥ 0.40)",
-        ratio(c, &pass)
-    );
-    println!(
-        "  (b) count at-least-once / raw consume: {:.2} (≤ 1)",
-        ratio(b, &consume)
-    );
-    println!(
-        "  (d) restore / raw read:               {:.2} (≥ 0.70, ≤ 1)",
-        ratio(&restore, &raw_read)
-    );
-    println!(
-        "  (e) peak RSS - budget:                {:.0} MiB (≤ 128 MiB over the 256 MiB budget)",
-        mem.rss as f64 / 1048576.0 - 256.0
+    // (id, what, measured, target, at least the target (else at most), unit)
+    let ratios: Vec<(&str, &str, f64, Option<f64>, bool)> = vec![
+        (
+            "eddy_pass_over_raw_pass",
+            "eddy from → to / raw consume→produce",
+            ratio(&eddy_pass, &pass),
+            Some(1.0),
+            false,
+        ),
+        (
+            "count_alo_over_raw_pass",
+            "(b) count at-least-once / raw consume→produce",
+            ratio(b, &pass),
+            Some(0.6),
+            true,
+        ),
+        (
+            "count_eos_over_raw_pass",
+            "(c) count exactly-once / raw consume→produce",
+            ratio(c, &pass),
+            Some(0.4),
+            true,
+        ),
+        (
+            "count_alo_over_raw_consume",
+            "(b) count at-least-once / raw consume",
+            ratio(b, &consume),
+            Some(1.0),
+            false,
+        ),
+        (
+            "restore_over_raw_read",
+            "(d) restore / raw read",
+            ratio(&restore, &raw_read),
+            Some(0.7),
+            true,
+        ),
+    ];
+    let over_budget = mem.rss as f64 / 1048576.0 - 256.0;
+    md += "\n| ratio | measured | target |\n|---|---:|---:|\n";
+    for (_, what, v, t, at_least) in &ratios {
+        let (mark, target) = match t {
+            Some(t) if *at_least => (if *v >= *t { "" } else { " ✗" }, format!("≥ {t}")),
+            Some(t) => (if *v <= *t { "" } else { " ✗" }, format!("≤ {t} (ceiling)")),
+            None => ("", String::new()),
+        };
+        md += &format!("| {what} | {v:.2}{mark} | {target} |\n");
+    }
+    md += &format!(
+        "| (e) peak RSS − 256 MiB budget | {over_budget:.0} MiB{} | ≤ 128 MiB |\n",
+        if over_budget <= 128.0 { "" } else { " ✗" }
     );
     // A ceiling eddy beats measures nothing: say so loudly.
     let beaten: Vec<String> = [
@@ -264,14 +336,42 @@ fn main() -> Result<()> {
     .map(|(e, ceiling)| format!("{} beats {}", e.name, ceiling.name))
     .collect();
     if beaten.is_empty() {
-        println!("every ceiling is above what eddy achieved");
+        md += "\nEvery ceiling is above what eddy achieved.\n";
     } else {
-        println!(
-            "ceilings beaten (the baseline is wrong): {}",
+        md += &format!(
+            "\nCeilings beaten (the baseline is wrong): {}.\n",
             beaten.join("; ")
         );
     }
-    Ok(())
+    println!("\n{md}");
+    Ok(json!({
+        "benchmark": "engine",
+        "records": a.records,
+        "keys": a.keys,
+        "partitions": a.partitions,
+        "rows": rows.iter().map(|r| json!({
+            "case": r.name,
+            "records": r.records,
+            "seconds": r.seconds,
+            "records_per_second": r.rate(),
+            "cpu_seconds": r.cpu,
+            "cpu_seconds_per_million": r.cpu_per_m(),
+            "peak_rss_bytes": r.rss,
+        })).collect::<Vec<_>>(),
+        "tools": tools.iter().map(|t| json!({
+            "tool": t.name,
+            "records": t.records,
+            "records_per_second": t.rate,
+            "fetch_records_per_second": t.fetch_rate,
+            "wall_seconds": t.wall,
+        })).collect::<Vec<_>>(),
+        "ratios": ratios.iter().map(|(id, what, v, t, at_least)| json!({
+            "id": id, "what": what, "value": v, "target": t, "at_least": at_least,
+        })).collect::<Vec<_>>(),
+        "peak_rss_over_budget_mib": over_budget,
+        "ceilings_beaten": beaten,
+        "markdown": md,
+    }))
 }
 
 #[derive(Clone)]
@@ -286,6 +386,9 @@ struct Run {
 impl Run {
     fn rate(&self) -> f64 {
         self.records as f64 / self.seconds.max(1e-9)
+    }
+    fn cpu_per_m(&self) -> f64 {
+        self.cpu / (self.records as f64 / 1e6)
     }
 }
 

@@ -4,35 +4,64 @@
 //! eddy/KS, and writes `results.json`, `results.md` and `ratios.svg` to `--out`. Fails (exit 1)
 //! if the two engines' final tables differ. See docs/benchmarks.md.
 //!
-//! ```text
-//! eddy-vs-kstreams [--records N (2000000)] [--keys K (100000)] [--partitions P (12)]
-//!                  [--out DIR (bench/results)] [--check-only] [--publish] [--jar PATH]
-//!                  [--cases count:at_least_once,sum:exactly_once,... (all four)]
-//!                  [--jvm-defaults]
-//! ```
+//! `--curve partitions|keys` runs the scaling curves instead (`eddy_e2e::curve`): count
+//! at-least-once as the input's partitions (4, 16, 64) or distinct keys (10k, 1M, 10M) grow,
+//! written as `curve-<name>.{json,md,svg}` to `--out`.
 //!
 //! Kafka Streams' JVM runs with `-Xmx512m` (a 2 GiB container's default heap) unless
 //! `--jvm-defaults`, and as many stream threads as eddy has processing threads.
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use eddy_e2e::compare::*;
+use eddy_e2e::curve::{self, Curve, CurveOptions};
 use std::path::PathBuf;
 
-fn value(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-}
-
-fn num(name: &str, default: usize) -> Result<usize> {
-    match value(name) {
-        Some(v) => v
-            .parse()
-            .with_context(|| format!("{name} must be a number, got '{v}'")),
-        None if std::env::args().any(|a| a == name) => bail!("{name} needs a value"),
-        None => Ok(default),
-    }
+#[derive(Parser, Debug)]
+#[command(
+    about = "eddy against Kafka Streams on the same input (a broker from EDDY_TEST_BOOTSTRAP, else one named `test`); see docs/benchmarks.md"
+)]
+struct Args {
+    /// Input records [default: 2000000; with --curve keys 10000000, so that each of 10M keys
+    /// appears once].
+    #[arg(long)]
+    records: Option<usize>,
+    /// Distinct keys [default: 100000] (with --curve partitions: the keys of every point).
+    #[arg(long)]
+    keys: Option<usize>,
+    /// Input partitions [default: 12] (with --curve keys: the partitions of every point).
+    #[arg(long)]
+    partitions: Option<i32>,
+    /// Results directory.
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Correctness only: no restores, targets not applied.
+    #[arg(long, conflicts_with = "curve")]
+    check_only: bool,
+    /// Also copy results.md and ratios.svg to docs/eddy-vs-kstreams.{md,svg}.
+    #[arg(long, conflicts_with = "curve")]
+    publish: bool,
+    /// The reference app's jar (default: built by bench/kstreams/build.sh).
+    #[arg(long)]
+    jar: Option<PathBuf>,
+    /// Cases to run, comma-separated CASE:GUARANTEE (count|sum : at_least_once|exactly_once)
+    /// [default: all four].
+    #[arg(long, conflicts_with = "curve")]
+    cases: Option<String>,
+    /// Run Kafka Streams' JVM without options (heap up to a quarter of the machine's memory).
+    #[arg(long)]
+    jvm_defaults: bool,
+    /// Run a scaling curve instead: count at-least-once as partitions or keys grow.
+    #[arg(long, value_enum)]
+    curve: Option<Curve>,
+    /// --curve: the points, comma-separated [default: 4,16,64 partitions; 10000,1000000,10000000
+    /// keys].
+    #[arg(long, value_delimiter = ',', requires = "curve")]
+    points: Option<Vec<usize>>,
+    /// --curve: points with more keys skip the comparison of both final tables (read whole
+    /// into memory).
+    #[arg(long, default_value_t = 1_000_000, requires = "curve")]
+    verify_max_keys: usize,
 }
 
 fn main() {
@@ -43,65 +72,54 @@ fn main() {
 }
 
 fn real_main() -> Result<()> {
-    let known = [
-        "--records",
-        "--keys",
-        "--partitions",
-        "--out",
-        "--jar",
-        "--check-only",
-        "--publish",
-        "--cases",
-        "--jvm-defaults",
-    ];
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        if !known.contains(&args[i].as_str()) {
-            bail!(
-                "unknown argument '{}' (usage: eddy-vs-kstreams [--records N] [--keys K] [--partitions P] [--out DIR] [--check-only] [--publish] [--jar PATH] [--cases CASE:GUARANTEE,...] [--jvm-defaults])",
-                args[i]
-            );
+    let args = Args::parse();
+    // `--keys` with the keys curve (or `--partitions` with the partitions curve) would be
+    // ignored: refuse it.
+    match args.curve {
+        Some(Curve::Keys) if args.keys.is_some() => {
+            bail!("--keys does not apply to --curve keys: its points are the keys (--points)")
         }
-        i += if matches!(
-            args[i].as_str(),
-            "--check-only" | "--publish" | "--jvm-defaults"
-        ) {
-            1
-        } else {
-            2
-        };
+        Some(Curve::Partitions) if args.partitions.is_some() => bail!(
+            "--partitions does not apply to --curve partitions: its points are the partitions (--points)"
+        ),
+        _ => {}
     }
-    let check_only = args.iter().any(|a| a == "--check-only");
-    let publish = args.iter().any(|a| a == "--publish");
-    let out = PathBuf::from(value("--out").unwrap_or_else(|| "bench/results".into()));
-    let jar = match value("--jar") {
-        Some(j) => PathBuf::from(j),
+    let runs = match &args.cases {
+        Some(c) => parse_runs(c)?,
+        None => ALL.to_vec(),
+    };
+    let jar = match &args.jar {
+        Some(j) => j.clone(),
         None => kstreams_jar()?,
     };
+    let jvm_opts: Vec<String> = if args.jvm_defaults {
+        Vec::new()
+    } else {
+        CONTAINER_JVM.iter().map(|s| s.to_string()).collect()
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    if let Some(c) = args.curve {
+        return run_curve(&args, c, jar, jvm_opts);
+    }
+    let check_only = args.check_only;
     let o = Options {
-        records: num("--records", 2_000_000)?,
-        keys: num("--keys", 100_000)?,
-        partitions: num("--partitions", 12)? as i32,
+        records: args.records.unwrap_or(2_000_000),
+        keys: args.keys.unwrap_or(100_000),
+        partitions: args.partitions.unwrap_or(12),
         check_only,
-        runs: match value("--cases") {
-            Some(v) => parse_runs(&v)?,
-            None => ALL.to_vec(),
-        },
+        runs,
         input_prefix: "cmp-input".into(),
         delete_input: false,
+        verify: true,
         jar,
-        jvm_opts: if args.iter().any(|a| a == "--jvm-defaults") {
-            Vec::new()
-        } else {
-            CONTAINER_JVM.iter().map(|s| s.to_string()).collect()
-        },
+        jvm_opts,
     };
     eprintln!("{}", o.kstreams_settings());
     let rows = run(&o)?;
     let md = markdown(&rows, !check_only);
     println!("\n{}\n\n{md}", o.kstreams_settings());
-    std::fs::create_dir_all(&out)?;
+    let out = &args.out;
     let header = format!(
         "{} records over {} keys, {} partitions; {}; ratios are eddy / Kafka Streams{}.\n\n",
         o.records,
@@ -124,7 +142,7 @@ fn real_main() -> Result<()> {
         "wrote {}/results.json, results.md, ratios.svg",
         out.display()
     );
-    if publish {
+    if args.publish {
         let docs = eddy_e2e::repo_root().join("docs");
         std::fs::copy(out.join("results.md"), docs.join("eddy-vs-kstreams.md"))?;
         std::fs::copy(out.join("ratios.svg"), docs.join("eddy-vs-kstreams.svg"))?;
@@ -151,6 +169,66 @@ fn real_main() -> Result<()> {
         } else {
             println!("targets missed:\n{}", misses.join("\n"));
         }
+    }
+    Ok(())
+}
+
+fn run_curve(args: &Args, c: Curve, jar: PathBuf, jvm_opts: Vec<String>) -> Result<()> {
+    let o = CurveOptions {
+        curve: c,
+        points: args.points.clone().unwrap_or_else(|| c.default_points()),
+        records: args.records.unwrap_or_else(|| c.default_records()),
+        keys: args.keys.unwrap_or(100_000),
+        partitions: args.partitions.unwrap_or(12),
+        jar,
+        jvm_opts,
+        verify_max_keys: args.verify_max_keys,
+    };
+    let settings = Options {
+        records: o.records,
+        keys: o.keys,
+        partitions: o.partitions,
+        check_only: true,
+        runs: Vec::new(),
+        input_prefix: String::new(),
+        delete_input: false,
+        verify: false,
+        jar: o.jar.clone(),
+        jvm_opts: o.jvm_opts.clone(),
+    }
+    .kstreams_settings();
+    eprintln!("{settings}");
+    let points = curve::run(&o)?;
+    let fixed = match c {
+        Curve::Partitions => format!("{} keys", o.keys),
+        Curve::Keys => format!("{} partitions", o.partitions),
+    };
+    let md = format!(
+        "count at-least-once, {} records per point, {fixed}; {settings}.\n\n{}",
+        o.records,
+        curve::markdown(c, &points)
+    );
+    println!("\n{md}");
+    let base = args.out.join(format!("curve-{}", c.name()));
+    let mut doc = curve::to_json(&o, &points);
+    doc["markdown"] = serde_json::json!(md);
+    std::fs::write(
+        base.with_extension("json"),
+        serde_json::to_string_pretty(&doc)?,
+    )?;
+    std::fs::write(base.with_extension("md"), &md)?;
+    std::fs::write(base.with_extension("svg"), curve::svg(c, &points))?;
+    eprintln!("wrote {}.{{json,md,svg}}", base.display());
+    let failed: Vec<String> = points
+        .iter()
+        .filter_map(|p| p.result.as_ref().err().map(|e| format!("{}: {e}", p.x)))
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{} curve point(s) failed: {}",
+            failed.len(),
+            failed.join("; ")
+        );
     }
     Ok(())
 }

@@ -1,20 +1,33 @@
 //! `operator-bench`: the operator's benchmark on a real local control plane and Kafka broker.
 //! Measures the time from a spec change to the updated StatefulSet (median of 10 changes) and
-//! the operator's peak RSS while it manages 50 apps.
+//! the operator's peak RSS while it manages 50 apps (`--apps`); `--json PATH` also writes the
+//! results as JSON (bench/report reads it).
 
 use anyhow::{Context, Result};
+use clap::Parser;
 use eddy_e2e::k8s::ControlPlane;
 use eddy_e2e::*;
+use serde_json::json;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[derive(Parser, Debug)]
+#[command(
+    about = "The operator's benchmark: spec change → updated StatefulSet, and the operator's peak RSS with many apps (a local control plane; a broker from EDDY_TEST_BOOTSTRAP, else one named `test`)"
+)]
+struct Args {
+    /// Apps the operator manages (2 replicas each).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
+    apps: u64,
+    /// Also write the results as JSON to this file (bench/report reads it).
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
 fn main() -> Result<()> {
-    let apps = std::env::args()
-        .skip_while(|a| a != "--apps")
-        .nth(1)
-        .map(|v| v.parse::<usize>())
-        .transpose()?
-        .unwrap_or(50);
+    let args = Args::parse();
+    let apps = args.apps as usize;
     let bs = bootstrap()?;
     let cp = ControlPlane::start(&format!("opbench-{}", std::process::id()))?;
     let kubectl = |args: &[&str], stdin: Option<&str>| cp.kubectl(args, stdin);
@@ -94,23 +107,34 @@ fn main() -> Result<()> {
     let mut done: Vec<&str> = changelogs.iter().map(String::as_str).collect();
     done.push(&topic);
     delete_topics(&done)?;
-    println!("| measure | value | target |");
-    println!("|---|---:|---:|");
-    println!(
-        "| {apps} apps created → all assigned | {:.2} s | |",
+    let median = latencies[latencies.len() / 2];
+    let slowest = latencies[latencies.len() - 1];
+    let rss_mib = hwm / 1024.0;
+    let mut md = String::from("| measure | value | target |\n|---|---:|---:|\n");
+    md += &format!(
+        "| {apps} apps created → all assigned | {:.2} s | |\n",
         all_assigned.as_secs_f64()
     );
-    println!(
-        "| spec change → StatefulSet updated (median of 10, kubectl round trips included) | {:.3} s | < 1 s |",
-        latencies[latencies.len() / 2]
+    md += &format!(
+        "| spec change → StatefulSet updated (median of 10, kubectl round trips included) | {median:.3} s | < 1 s |\n"
     );
-    println!(
-        "| slowest of the 10 | {:.3} s | |",
-        latencies[latencies.len() - 1]
-    );
-    println!(
-        "| operator peak RSS with {apps} apps | {:.1} MiB | < 64 MiB |",
-        hwm / 1024.0
-    );
+    md += &format!("| slowest of the 10 | {slowest:.3} s | |\n");
+    md += &format!("| operator peak RSS with {apps} apps | {rss_mib:.1} MiB | < 64 MiB |\n");
+    print!("{md}");
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "benchmark": "operator",
+            "apps": apps,
+            "all_assigned_seconds": all_assigned.as_secs_f64(),
+            "spec_change_median_seconds": median,
+            "spec_change_slowest_seconds": slowest,
+            "spec_change_seconds": latencies,
+            "operator_peak_rss_bytes": (hwm * 1024.0) as u64,
+            "markdown": md,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
     Ok(())
 }
