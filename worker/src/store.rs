@@ -10,8 +10,8 @@
 //! renaming, removing or moving a store to memory never stops a task from opening.
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, Env, FlushOptions, Options, WriteBatch,
-    WriteBufferManager, WriteOptions,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, Env, FlushOptions,
+    IngestExternalFileOptions, Options, WriteBatch, WriteBufferManager, WriteOptions,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,6 +20,9 @@ const META_CF: &str = "eddy-meta";
 /// RocksDB's own family, always present: it cannot be dropped, only emptied.
 const DEFAULT_CF: &str = rocksdb::DEFAULT_COLUMN_FAMILY_NAME;
 const CHECKPOINT_PREFIX: &[u8] = b"checkpoint/";
+/// Subdirectory of a task's database where restore writes SST files before ingesting them.
+/// RocksDB ignores directories it did not create, and the name is no file name it parses.
+const INGEST_DIR: &str = "eddy-restore";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -136,8 +139,9 @@ pub struct TaskDb {
     path: PathBuf,
     families: Vec<String>,
     write: WriteOptions,
-    /// Restore's writes: no WAL (see [`TaskDb::write_unlogged`]).
-    unlogged: WriteOptions,
+    /// The families' options, for SST files built outside the database (see
+    /// [`TaskDb::ingest`]) so they have the same format as RocksDB's own.
+    sst_options: Options,
 }
 
 /// A change to apply at commit: `None` deletes the key.
@@ -200,11 +204,7 @@ impl TaskDb {
                 .chain([META_CF.to_string()])
                 .collect(),
             write: WriteOptions::default(),
-            unlogged: {
-                let mut w = WriteOptions::default();
-                w.disable_wal(true);
-                w
-            },
+            sst_options: res.cf_options(),
         };
         let reconciled = db.reconcile(&existing, stores)?;
         Ok((db, reconciled))
@@ -326,28 +326,6 @@ impl TaskDb {
         changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
         checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
     ) -> Result<(), StoreError> {
-        self.write_with(changes, checkpoints, &self.write)
-    }
-
-    /// [`Self::write`] without the WAL, for restore: the WAL would write the whole state a
-    /// second time. Safe because families flush atomically (`atomic_flush`): a crash loses
-    /// unflushed batches together with their checkpoints, and the store restores from the
-    /// last flushed one. Call [`Self::flush`] before a logged write follows, or replaying the
-    /// WAL could put a later checkpoint on top of the lost batches.
-    pub fn write_unlogged<'a>(
-        &self,
-        changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
-        checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
-    ) -> Result<(), StoreError> {
-        self.write_with(changes, checkpoints, &self.unlogged)
-    }
-
-    fn write_with<'a>(
-        &self,
-        changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
-        checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
-        opts: &WriteOptions,
-    ) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
         for (store, c) in changes {
             let cf = self.cf(store)?;
@@ -360,7 +338,51 @@ impl TaskDb {
         for (store, offset) in checkpoints {
             batch.put_cf(meta, checkpoint_key(store), offset.to_be_bytes());
         }
-        self.rocks(self.db.write_opt(batch, opts))
+        self.rocks(self.db.write_opt(batch, &self.write))
+    }
+
+    /// Options for an SST file to give to [`Self::ingest`].
+    pub fn sst_options(&self) -> &Options {
+        &self.sst_options
+    }
+
+    /// The directory for SST files to ingest (created if missing). It is on the database's
+    /// file system, so ingesting a file there moves it (a hard link) instead of copying it.
+    pub fn ingest_dir(&self) -> Result<PathBuf, StoreError> {
+        let dir = self.path.join(INGEST_DIR);
+        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(dir)
+    }
+
+    /// Remove what is left in [`Self::ingest_dir`] (files of a restore that failed or was
+    /// killed before ingesting them).
+    pub fn clear_ingest_dir(&self) -> Result<(), StoreError> {
+        wipe(&self.path.join(INGEST_DIR))
+    }
+
+    /// Add an SST file (sorted, written with [`Self::sst_options`]) to `store`, then set the
+    /// store's checkpoint. Ingestion gives the file's keys sequence numbers above everything
+    /// in the database, so a later file wins over an earlier one and over older data; it
+    /// returns once the file is linked and synced and the manifest naming it is synced, so
+    /// the checkpoint, written after it (through the WAL like a commit's), never claims
+    /// records the store does not have. A crash in between leaves data ahead of the
+    /// checkpoint, which the next restore writes again with the same values.
+    pub fn ingest(
+        &self,
+        store: &str,
+        file: Option<&Path>,
+        checkpoint: i64,
+    ) -> Result<(), StoreError> {
+        if let Some(file) = file {
+            let mut o = IngestExternalFileOptions::default();
+            o.set_move_files(true);
+            let cf = self.cf(store)?;
+            self.rocks(self.db.ingest_external_file_cf_opts(cf, &o, vec![file]))?;
+        }
+        self.write(std::iter::empty(), [(store, checkpoint)])
     }
 
     /// Empty a store and delete its checkpoint in one batch: it then restores its changelog
@@ -398,6 +420,19 @@ impl TaskDb {
         let mut fo = FlushOptions::default();
         fo.set_wait(true);
         self.rocks(self.db.flush_cfs_opt(&names, &fo))
+    }
+
+    /// Every key and value of a store, in key order.
+    #[cfg(test)]
+    pub(crate) fn contents(&self, store: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let cf = self.cf(store).expect("store");
+        self.db
+            .iterator_cf(cf, rocksdb::IteratorMode::Start)
+            .map(|kv| {
+                let (k, v) = kv.expect("read");
+                (k.to_vec(), v.to_vec())
+            })
+            .collect()
     }
 
     /// Estimated number of keys and bytes of live data in a store.
