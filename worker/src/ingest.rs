@@ -244,6 +244,25 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_store_gets_its_first_file_at_the_bottom_and_the_others_in_l0() {
+        let res = StateResources::new(8 << 20).expect("resources");
+        let dir = tempfile::tempdir().expect("dir");
+        let (db, _) = TaskDb::open(&res, dir.path(), &["s".to_string()]).expect("open");
+        // Four chunks whose key ranges overlap, as a changelog's do.
+        let records: Vec<Record> = (0..4000)
+            .map(|i| {
+                (
+                    format!("k{:04}", (i * 7919) % 4000).into_bytes(),
+                    Some(vec![1; 100]),
+                )
+            })
+            .collect();
+        assert_eq!(ingest_chunks(&db, &records, 0, 140 * 1000), 4);
+        // Below level0_file_num_compaction_trigger (4): nothing to compact after the restore.
+        assert_eq!(db.files_per_level("s"), vec![3, 0, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
     fn a_failed_ingest_leaves_the_checkpoint_where_it_was() {
         let res = StateResources::new(8 << 20).expect("resources");
         let dir = tempfile::tempdir().expect("dir");

@@ -435,6 +435,21 @@ impl TaskDb {
             .collect()
     }
 
+    /// Number of SST files of a store on each level (L0 first).
+    #[cfg(test)]
+    pub(crate) fn files_per_level(&self, store: &str) -> Vec<u64> {
+        let cf = self.cf(store).expect("store");
+        (0..7)
+            .map(|l| {
+                let p = format!("rocksdb.num-files-at-level{l}");
+                self.db
+                    .property_int_value_cf(cf, p.as_str())
+                    .expect("property")
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
     /// Estimated number of keys and bytes of live data in a store.
     pub fn size(&self, store: &str) -> (u64, u64) {
         let Ok(cf) = self.cf(store) else {
