@@ -360,7 +360,7 @@ impl Polling<'_> {
         // A heartbeat reads the clock: once per 256 records is plenty at millions a second.
         let polls = self.polls.get().wrapping_add(1);
         self.polls.set(polls);
-        if polls % 256 == 0 {
+        if polls.is_multiple_of(256) {
             self.status.beat();
         }
         match self.consumer.poll(Duration::from_millis(200)) {
