@@ -517,6 +517,7 @@ fn restore_bulk(
                 .consumer
                 .assign(&tpl)
                 .map_err(|e| polling.kafka(e))?;
+            let store = t.stores[b.si].name.as_str();
             let mut seq = 0u64;
             let mut send = |pipe: &mut Pipeline, chunk: Chunk, last: bool| {
                 seq += 1;
@@ -541,7 +542,9 @@ fn restore_bulk(
                         break;
                     }
                     Polled::Record(m) if m.partition() == b.partition => {
-                        let (key, value) = (m.key().unwrap_or_default(), m.payload());
+                        // Sorted and deduplicated as the family stores them.
+                        let key = db.stored_key(store, m.key().unwrap_or_default());
+                        let (key, value) = (key.as_ref(), m.payload());
                         if !chunk.fits(key, value) {
                             let next = chunk.next;
                             send(&mut pipe, chunk, false)?;
