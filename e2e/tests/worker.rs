@@ -962,10 +962,11 @@ fn hostile_records_are_skipped_and_the_worker_survives() -> Result<()> {
     Ok(())
 }
 
-/// A restore of a large backlog (100k records or more per partition, written to RocksDB
-/// without its WAL) is on disk before the task runs: killed with SIGKILL right after it is
-/// ready, the worker restarts without restoring anything again; killed in the middle of the
-/// restore, the next start finishes it; the state is right either way.
+/// A restore of a large backlog (100k records or more per partition, written to RocksDB as
+/// SST files it ingests) is on disk before the task runs: killed with SIGKILL right after it
+/// is ready, the worker restarts without restoring anything again; killed in the middle of
+/// the restore, the next start finishes it; the state is right either way. A small memory
+/// budget makes the restore write many files (2 MiB chunks).
 #[test]
 fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
     let app = unique("bigrestore");
@@ -986,8 +987,9 @@ fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
             .collect()
     };
     produce(&input, &records(0, keys))?;
+    // The state counts each key's records: a store restored wrong or partly shows in `n`.
     let yaml = format!(
-        "applicationId: {app}\ntopology:\n  - from: {{topic: {input}, key: string, value: json}}\n  - aggregate: {{store: latest, initial: 'null', add: '.'}}\n  - to: {{topic: {output}, value: json}}\n"
+        "applicationId: {app}\nmemory: {{budget: 16Mi}}\ntopology:\n  - from: {{topic: {input}, key: string, value: json}}\n  - aggregate: {{store: latest, initial: '{{n: 0}}', add: '{{n: ($agg.n + 1), i: .i, pad: .pad}}'}}\n  - to: {{topic: {output}, value: json}}\n"
     );
     let dir = tempfile::tempdir()?;
     let mut w = Worker::start(&yaml, dir.path())?;
@@ -1000,10 +1002,16 @@ fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
 
     // Killed once the restore is under way (~30 MB: several batches).
     let mut w = Worker::start(&yaml, dir.path())?;
+    let mut at = 0.0;
     wait_until(READY, || {
-        Ok(w.metric("eddy_restored_records_total", &[]).unwrap_or(0.0) > 0.0)
+        at = w.metric("eddy_restored_records_total", &[]).unwrap_or(0.0);
+        Ok(at > 0.0)
     })?;
     w.kill9()?;
+    ensure!(
+        at < keys as f64,
+        "killed after the restore ({at} records): the test needs a kill in the middle"
+    );
     // Finished, then killed as soon as it is ready.
     let mut w = Worker::start(&yaml, dir.path())?;
     w.wait_ready(READY)?;
@@ -1015,15 +1023,23 @@ fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
         again == 0.0,
         "restored {again} records again after a kill -9 that followed a complete restore"
     );
-    // The restored state is the input's: a new record per key for the first 1000 keys
-    // replaces each value, and the output shows every key's new value.
+    // No SST file of the restore is left beside the database.
+    let leftover: Vec<_> = std::fs::read_dir(dir.path().join("state").join(&app))?
+        .filter_map(|t| std::fs::read_dir(t.ok()?.path().join("eddy-restore")).ok())
+        .flatten()
+        .collect();
+    ensure!(leftover.is_empty(), "files left: {leftover:?}");
+    // The restored state is the input's: a second record for each of the first 1000 keys
+    // counts 2 and carries the new value.
     produce(&input, &records(keys, 1000))?;
     wait_until(DONE, || {
         let last = latest_by_key(&output)?;
         Ok((0..1000).all(|k| {
             last.get(format!("k{k}").as_bytes())
                 .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
-                .is_some_and(|v| v["i"] == serde_json::json!(keys + k))
+                .is_some_and(|v| {
+                    v["i"] == serde_json::json!(keys + k) && v["n"].as_f64() == Some(2.0)
+                })
         }))
     })?;
     ensure!(w.stop()? == 0);

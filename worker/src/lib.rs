@@ -21,6 +21,7 @@ pub mod expr;
 pub mod fault;
 pub mod format;
 pub mod http;
+pub mod ingest;
 pub mod metrics;
 pub mod partitioner;
 pub mod plan;

@@ -7,6 +7,7 @@
 
 use crate::cache::{Backend, Changes};
 use crate::config::WorkerConfig;
+use crate::ingest::Chunk;
 use crate::metrics::{Metrics, StoreLabels};
 pub use crate::status::Restored;
 use crate::status::Status;
@@ -15,11 +16,14 @@ use crate::task::{Task, TaskState};
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use std::cell::Cell;
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +42,10 @@ pub enum RestoreError {
     },
     #[error("interrupted by shutdown")]
     Interrupted,
+    #[error("starting the restore's SST writer thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("the restore's SST writer thread stopped")]
+    WriterStopped,
 }
 
 /// Reaching the end of a changelog is how restore knows it is done, not an error to log.
@@ -64,10 +72,22 @@ pub(crate) const BATCH_BYTES: usize = 2 << 20;
 /// report showed its backlog: smaller ones take milliseconds.
 const SHOWN_BACKLOG: i64 = 10_000;
 
-/// A changelog partition restored from at least this many records behind is written without
-/// the WAL (and flushed at the end): the WAL would write the whole state a second time, while
-/// the final flush of a short tail costs more than logging it.
-const UNLOGGED_BACKLOG: i64 = 100_000;
+/// A RocksDB store restored from at least this many records behind its changelog's end goes
+/// through SST files it ingests (`ingest.rs`) instead of write batches: memtable inserts and
+/// the flush behind them cost about twice what building the files directly does. A short
+/// tail stays with write batches, where a file per store would cost more than it saves.
+const INGEST_BACKLOG: i64 = 100_000;
+
+/// Bytes of changelog records one restore gathers before writing them as an SST file. The
+/// ingest path holds at most three such chunks (one filling, one queued, one being written):
+/// together half of RocksDB's share of the memory budget, the share the write-buffer manager
+/// gives memtables, which this path leaves empty. 32 MiB at the default 256 MiB budget.
+pub(crate) fn ingest_chunk_bytes(rocksdb_bytes: usize) -> usize {
+    (rocksdb_bytes / 2 / CHUNKS).max(1 << 20)
+}
+
+/// Chunks the ingest path allocates at most.
+const CHUNKS: usize = 3;
 
 /// librdkafka settings of the restore consumer under the app's `kafka.properties`; public so
 /// the engine benchmark's raw read of a changelog (restore's ceiling) uses the same.
@@ -124,22 +144,11 @@ pub fn restore(
     status: &Status,
     cancel: &AtomicBool,
 ) -> Result<Restored, RestoreError> {
-    let mut restored = Restored::new();
-    // Records left per task and store, summed per task into the worker's status report.
-    let mut remaining: HashMap<String, HashMap<String, i64>> = HashMap::new();
-    let mut report = |task: &str, store: &str, left: i64| {
-        let per_task = remaining.entry(task.to_string()).or_default();
-        per_task.insert(store.to_string(), left);
-        let total = per_task.values().sum();
-        if let Ok(mut r) = status.report.lock()
-            && let Some(t) = r.tasks.get_mut(task)
-        {
-            t.restore_backlog = total;
-            t.lag = Some(total);
-            if total > 0 {
-                t.state = TaskState::Restoring;
-            }
-        }
+    let mut progress = Progress {
+        metrics,
+        status,
+        remaining: HashMap::new(),
+        restored: Restored::new(),
     };
     for t in tasks.iter_mut() {
         t.transition(TaskState::Restoring);
@@ -154,8 +163,6 @@ pub fn restore(
         v
     };
     let mut shown = false;
-    // Tasks whose store received writes without the WAL: flushed before they run.
-    let mut unlogged: Vec<usize> = Vec::new();
     for changelog in changelogs {
         let kafka = |source| RestoreError::Kafka {
             topic: changelog.clone(),
@@ -170,8 +177,10 @@ pub fn restore(
             .set("auto.offset.reset", "earliest")
             .create_with_context(RestoreContext)
             .map_err(kafka)?;
-        // partition → (task index, store index, high watermark, written without the WAL)
-        let mut targets: HashMap<i32, (usize, usize, i64, bool)> = HashMap::new();
+        // Restored with write batches: partition → (task index, store index, high watermark).
+        let mut targets: HashMap<i32, (usize, usize, i64)> = HashMap::new();
+        // Restored through SST files, one partition after the other.
+        let mut bulk: Vec<Bulk> = Vec::new();
         let mut backlog = 0;
         let mut tpl = TopicPartitionList::new();
         for (ti, t) in tasks.iter_mut().enumerate() {
@@ -200,28 +209,26 @@ pub fn restore(
                 checkpoint = None;
             }
             let start = checkpoint.unwrap_or(low);
-            let labels = StoreLabels {
-                task: t.id.to_string(),
-                store: t.stores[si].name.clone(),
-            };
-            metrics
-                .restore_remaining
-                .get_or_create(&labels)
-                .set((high - start).max(0));
-            report(&labels.task, &labels.store, (high - start).max(0));
+            progress.left(&t.id.to_string(), &t.stores[si].name, (high - start).max(0));
             if start >= high {
                 continue;
             }
             backlog += high - start;
+            if high - start >= INGEST_BACKLOG && !t.stores[si].is_in_memory() && t.db.is_some() {
+                bulk.push(Bulk {
+                    partition: p,
+                    ti,
+                    si,
+                    start,
+                    high,
+                });
+                continue;
+            }
             tpl.add_partition_offset(&changelog, p, Offset::Offset(start))
                 .map_err(kafka)?;
-            let large = high - start >= UNLOGGED_BACKLOG;
-            if large && !unlogged.contains(&ti) {
-                unlogged.push(ti);
-            }
-            targets.insert(p, (ti, si, high, large));
+            targets.insert(p, (ti, si, high));
         }
-        if targets.is_empty() {
+        if targets.is_empty() && bulk.is_empty() {
             continue;
         }
         // Under the operator, let the app's status show a backlog before restoring: a
@@ -237,82 +244,410 @@ pub fn restore(
         consumer
             .fetch_metadata(Some(&changelog), Duration::from_secs(30))
             .map_err(kafka)?;
-        consumer.assign(&tpl).map_err(kafka)?;
-        let started = Instant::now();
-        let mut pending: HashMap<i32, Pending> = HashMap::new();
-        while !targets.is_empty() {
-            if status.shutdown.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed) {
-                return Err(RestoreError::Interrupted);
+        let polling = Polling {
+            consumer: &consumer,
+            changelog: &changelog,
+            status,
+            cancel,
+            polls: Cell::new(0),
+        };
+        if !targets.is_empty() {
+            consumer.assign(&tpl).map_err(kafka)?;
+            restore_batches(&polling, tasks, targets, &mut progress)?;
+        }
+        if !bulk.is_empty() {
+            let chunk_bytes = ingest_chunk_bytes(cfg.rocksdb_bytes);
+            let result = restore_bulk(&polling, tasks, &bulk, chunk_bytes, &mut progress);
+            // Files a failed or interrupted restore did not ingest.
+            for b in &bulk {
+                if let Some(db) = &tasks[b.ti].db
+                    && let Err(e) = db.clear_ingest_dir()
+                {
+                    tracing::warn!(task = %tasks[b.ti].id, "restore: {e}");
+                }
             }
-            status.beat();
-            let (p, done) = match consumer.poll(Duration::from_millis(200)) {
-                None => continue,
-                Some(Err(KafkaError::PartitionEOF(p))) => (p, true),
-                Some(Err(e)) if crate::fault::is_fatal(&e) => return Err(kafka(e)),
-                // librdkafka reconnects and refetches by itself (a broker restarting).
-                Some(Err(e)) => {
-                    tracing::debug!(changelog = %changelog, "restoring: {e}");
+            result?;
+        }
+    }
+    Ok(progress.restored)
+}
+
+/// Where each store's restore stands: metrics and the worker's status report.
+struct Progress<'a> {
+    metrics: &'a Metrics,
+    status: &'a Status,
+    /// Records left per task and store, summed per task into the worker's status report.
+    remaining: HashMap<String, HashMap<String, i64>>,
+    restored: Restored,
+}
+
+impl Progress<'_> {
+    fn left(&mut self, task: &str, store: &str, left: i64) {
+        self.metrics
+            .restore_remaining
+            .get_or_create(&StoreLabels {
+                task: task.to_string(),
+                store: store.to_string(),
+            })
+            .set(left);
+        let per_task = self.remaining.entry(task.to_string()).or_default();
+        per_task.insert(store.to_string(), left);
+        let total = per_task.values().sum();
+        if let Ok(mut r) = self.status.report.lock()
+            && let Some(t) = r.tasks.get_mut(task)
+        {
+            t.restore_backlog = total;
+            t.lag = Some(total);
+            if total > 0 {
+                t.state = TaskState::Restoring;
+            }
+        }
+    }
+
+    /// `n` more records of a store written, `left` to go; returns the store's total so far.
+    fn wrote(&mut self, task: &str, store: &str, n: u64, left: i64, started: Instant) -> u64 {
+        let labels = StoreLabels {
+            task: task.to_string(),
+            store: store.to_string(),
+        };
+        let total = self
+            .restored
+            .entry((labels.task.clone(), labels.store.clone()))
+            .or_default();
+        *total += n;
+        let total = *total;
+        self.metrics
+            .restored_records
+            .get_or_create(&labels)
+            .inc_by(n);
+        self.metrics
+            .restore_rate
+            .get_or_create(&labels)
+            .set(total as f64 / started.elapsed().as_secs_f64().max(1e-3));
+        self.left(task, store, left);
+        total
+    }
+}
+
+/// The restore consumer of one changelog and what can stop it.
+struct Polling<'a> {
+    consumer: &'a BaseConsumer<RestoreContext>,
+    changelog: &'a str,
+    status: &'a Status,
+    cancel: &'a AtomicBool,
+    polls: Cell<u32>,
+}
+
+enum Polled<'a> {
+    Record(BorrowedMessage<'a>),
+    /// The partition's end: reached.
+    End(i32),
+    Nothing,
+}
+
+impl Polling<'_> {
+    fn kafka(&self, source: KafkaError) -> RestoreError {
+        RestoreError::Kafka {
+            topic: self.changelog.to_string(),
+            source,
+        }
+    }
+
+    fn poll(&self) -> Result<Polled<'_>, RestoreError> {
+        if self.status.shutdown.load(Ordering::Relaxed) || self.cancel.load(Ordering::Relaxed) {
+            return Err(RestoreError::Interrupted);
+        }
+        // A heartbeat reads the clock: once per 256 records is plenty at millions a second.
+        let polls = self.polls.get().wrapping_add(1);
+        self.polls.set(polls);
+        if polls.is_multiple_of(256) {
+            self.status.beat();
+        }
+        match self.consumer.poll(Duration::from_millis(200)) {
+            None => {
+                self.status.beat();
+                Ok(Polled::Nothing)
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => Ok(Polled::End(p)),
+            Some(Err(e)) if crate::fault::is_fatal(&e) => Err(self.kafka(e)),
+            // librdkafka reconnects and refetches by itself (a broker restarting).
+            Some(Err(e)) => {
+                tracing::debug!(changelog = %self.changelog, "restoring: {e}");
+                Ok(Polled::Nothing)
+            }
+            Some(Ok(m)) => Ok(Polled::Record(m)),
+        }
+    }
+
+    /// Where partition `p`, at its end, has been read to: past control records the position
+    /// can be beyond the last record's offset (`next`).
+    fn end(&self, p: i32, next: i64) -> i64 {
+        if let Ok(pos) = self.consumer.position()
+            && let Some(Offset::Offset(o)) =
+                pos.find_partition(self.changelog, p).map(|e| e.offset())
+        {
+            return next.max(o);
+        }
+        next
+    }
+}
+
+/// Restore the assigned partitions (`targets`) in write batches of up to [`BATCH_BYTES`]
+/// per partition, each with the store's new checkpoint.
+fn restore_batches(
+    polling: &Polling,
+    tasks: &mut [Task],
+    mut targets: HashMap<i32, (usize, usize, i64)>,
+    progress: &mut Progress,
+) -> Result<(), RestoreError> {
+    let started = Instant::now();
+    let mut pending: HashMap<i32, Pending> = HashMap::new();
+    while !targets.is_empty() {
+        let (p, done) = match polling.poll()? {
+            Polled::Nothing => continue,
+            Polled::End(p) => (p, true),
+            Polled::Record(m) => {
+                let entry = pending.entry(m.partition()).or_default();
+                entry.add(m.key().unwrap_or_default(), m.payload(), m.offset());
+                if entry.bytes < BATCH_BYTES {
                     continue;
                 }
-                Some(Ok(m)) => {
-                    let entry = pending.entry(m.partition()).or_default();
-                    entry.add(m.key().unwrap_or_default(), m.payload(), m.offset());
-                    if entry.bytes < BATCH_BYTES {
-                        continue;
-                    }
-                    (m.partition(), false)
-                }
-            };
-            let Some(&(ti, si, high, large)) = targets.get(&p) else {
-                continue;
-            };
-            let batch = pending.remove(&p).unwrap_or_default();
-            let (n, mut next) = (batch.read, batch.next);
-            let batch: Changes = batch.latest.into_iter().collect();
-            if done {
-                // Past control records the position can be beyond the last record's offset.
-                if let Ok(pos) = consumer.position()
-                    && let Some(Offset::Offset(o)) =
-                        pos.find_partition(&changelog, p).map(|e| e.offset())
-                {
-                    next = next.max(o);
-                }
+                (m.partition(), false)
             }
-            let t = &mut tasks[ti];
-            if next > 0 {
-                apply(t, si, batch, next, large)
-                    .map_err(|source| RestoreError::Store { task: t.id, source })?;
-            }
-            let labels = StoreLabels {
-                task: t.id.to_string(),
-                store: t.stores[si].name.clone(),
-            };
-            *restored
-                .entry((labels.task.clone(), labels.store.clone()))
-                .or_default() += n;
-            metrics.restored_records.get_or_create(&labels).inc_by(n);
-            let left = if done { 0 } else { (high - next).max(0) };
-            metrics.restore_remaining.get_or_create(&labels).set(left);
-            report(&labels.task, &labels.store, left);
-            let total = restored[&(labels.task.clone(), labels.store.clone())];
-            metrics
-                .restore_rate
-                .get_or_create(&labels)
-                .set(total as f64 / started.elapsed().as_secs_f64().max(1e-3));
-            if done {
-                targets.remove(&p);
-                tracing::info!(task = %t.id, store = %labels.store, records = total, "restored");
-            }
+        };
+        let Some(&(ti, si, high)) = targets.get(&p) else {
+            continue;
+        };
+        let batch = pending.remove(&p).unwrap_or_default();
+        let (n, mut next) = (batch.read, batch.next);
+        let batch: Changes = batch.latest.into_iter().collect();
+        if done {
+            next = polling.end(p, next);
         }
-    }
-    // Writes without the WAL: persist them before the task's first logged commit.
-    for t in unlogged.into_iter().filter_map(|ti| tasks.get(ti)) {
-        if let Some(db) = &t.db {
-            db.flush()
+        let t = &mut tasks[ti];
+        if next > 0 {
+            apply(t, si, batch, next)
                 .map_err(|source| RestoreError::Store { task: t.id, source })?;
         }
+        let left = if done { 0 } else { (high - next).max(0) };
+        let (task, store) = (t.id.to_string(), t.stores[si].name.clone());
+        let total = progress.wrote(&task, &store, n, left, started);
+        if done {
+            targets.remove(&p);
+            tracing::info!(task = %task, store = %store, records = total, "restored");
+        }
     }
-    Ok(restored)
+    Ok(())
+}
+
+/// A changelog partition to restore through SST files.
+struct Bulk {
+    partition: i32,
+    ti: usize,
+    si: usize,
+    start: i64,
+    high: i64,
+}
+
+/// A chunk for the SST writer thread.
+struct SstJob {
+    ti: usize,
+    si: usize,
+    chunk: Chunk,
+    options: rocksdb::Options,
+    path: PathBuf,
+    /// The partition's last chunk: the store is restored once it is ingested.
+    last: bool,
+    high: i64,
+}
+
+/// A chunk written: its file (none if it had no record) to ingest, in order.
+struct SstDone {
+    file: Option<PathBuf>,
+    job: SstJob,
+}
+
+/// Restore `bulk`'s partitions one after the other (so each chunk is as large as memory
+/// allows, see [`ingest_chunk_bytes`]): this thread reads records into chunks, a second
+/// thread sorts each chunk and writes it as an SST file, and this thread ingests the files
+/// in changelog order, each followed by its checkpoint.
+fn restore_bulk(
+    polling: &Polling,
+    tasks: &[Task],
+    bulk: &[Bulk],
+    chunk_bytes: usize,
+    progress: &mut Progress,
+) -> Result<(), RestoreError> {
+    std::thread::scope(|scope| {
+        let (jobs, queued) = mpsc::sync_channel::<SstJob>(1);
+        let (written, done) = mpsc::channel::<Written>();
+        std::thread::Builder::new()
+            .name("eddy-restore-sst".into())
+            .spawn_scoped(scope, move || {
+                for mut job in queued {
+                    let r = match job.chunk.write_sst(&job.options, &job.path) {
+                        Ok(file) => Ok(SstDone { file, job }),
+                        Err(e) => Err((job.ti, e)),
+                    };
+                    if written.send(r).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(RestoreError::Spawn)?;
+        let mut pipe = Pipeline {
+            tasks,
+            jobs,
+            done,
+            spare: Vec::new(),
+            allocated: 0,
+            in_flight: 0,
+            chunk_bytes,
+            started: Instant::now(),
+        };
+        for b in bulk {
+            let t = &tasks[b.ti];
+            let Some(db) = &t.db else { continue };
+            db.clear_ingest_dir().map_err(pipe.store_err(b.ti))?;
+            let dir = db.ingest_dir().map_err(pipe.store_err(b.ti))?;
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(polling.changelog, b.partition, Offset::Offset(b.start))
+                .map_err(|e| polling.kafka(e))?;
+            polling
+                .consumer
+                .assign(&tpl)
+                .map_err(|e| polling.kafka(e))?;
+            let store = t.stores[b.si].name.as_str();
+            let mut seq = 0u64;
+            let mut send = |pipe: &mut Pipeline, chunk: Chunk, last: bool| {
+                seq += 1;
+                pipe.send(SstJob {
+                    ti: b.ti,
+                    si: b.si,
+                    chunk,
+                    options: db.sst_options().clone(),
+                    path: dir.join(format!("{}-{seq}.sst", b.partition)),
+                    last,
+                    high: b.high,
+                })
+            };
+            let mut chunk = pipe.chunk(progress)?;
+            chunk.reset(b.start);
+            loop {
+                pipe.drain(progress)?;
+                match polling.poll()? {
+                    Polled::End(p) if p == b.partition => {
+                        chunk.next = polling.end(p, chunk.next);
+                        send(&mut pipe, chunk, true)?;
+                        break;
+                    }
+                    Polled::Record(m) if m.partition() == b.partition => {
+                        // Sorted and deduplicated as the family stores them.
+                        let key = db.stored_key(store, m.key().unwrap_or_default());
+                        let (key, value) = (key.as_ref(), m.payload());
+                        if !chunk.fits(key, value) {
+                            let next = chunk.next;
+                            send(&mut pipe, chunk, false)?;
+                            chunk = pipe.chunk(progress)?;
+                            chunk.reset(next);
+                        }
+                        chunk.push(key, value, m.offset());
+                    }
+                    // Nothing yet, or the end of a partition restored before.
+                    _ => {}
+                }
+            }
+        }
+        pipe.finish(progress)
+    })
+}
+
+type Written = Result<SstDone, (usize, StoreError)>;
+
+/// Chunks between this thread and the SST writer thread.
+struct Pipeline<'a> {
+    tasks: &'a [Task],
+    jobs: mpsc::SyncSender<SstJob>,
+    done: mpsc::Receiver<Written>,
+    /// Chunks written and ingested, to fill again.
+    spare: Vec<Chunk>,
+    allocated: usize,
+    /// Chunks sent to the writer and not ingested yet.
+    in_flight: usize,
+    chunk_bytes: usize,
+    started: Instant,
+}
+
+impl Pipeline<'_> {
+    fn store_err(&self, ti: usize) -> impl Fn(StoreError) -> RestoreError + use<> {
+        let task = self.tasks[ti].id;
+        move |source| RestoreError::Store { task, source }
+    }
+
+    fn send(&mut self, job: SstJob) -> Result<(), RestoreError> {
+        self.jobs
+            .send(job)
+            .map_err(|_| RestoreError::WriterStopped)?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Ingest a written chunk, then checkpoint it; its buffers go back to the spares.
+    fn ingest(&mut self, r: Written, progress: &mut Progress) -> Result<(), RestoreError> {
+        self.in_flight -= 1;
+        let SstDone { file, job } = r.map_err(|(ti, e)| self.store_err(ti)(e))?;
+        let t = &self.tasks[job.ti];
+        let store = &t.stores[job.si].name;
+        if let Some(db) = &t.db {
+            db.ingest(store, file.as_deref(), job.chunk.next)
+                .map_err(self.store_err(job.ti))?;
+        }
+        let left = if job.last {
+            0
+        } else {
+            (job.high - job.chunk.next).max(0)
+        };
+        let task = t.id.to_string();
+        let total = progress.wrote(&task, store, job.chunk.read, left, self.started);
+        if job.last {
+            tracing::info!(task = %task, store = %store, records = total, "restored (SST files ingested)");
+        }
+        self.spare.push(job.chunk);
+        Ok(())
+    }
+
+    /// Ingest what the writer has finished, without waiting.
+    fn drain(&mut self, progress: &mut Progress) -> Result<(), RestoreError> {
+        while let Ok(r) = self.done.try_recv() {
+            self.ingest(r, progress)?;
+        }
+        Ok(())
+    }
+
+    /// A chunk to fill: a spare one, a new one while fewer than [`CHUNKS`] exist, else the
+    /// next one the writer finishes (this bounds restore's memory).
+    fn chunk(&mut self, progress: &mut Progress) -> Result<Chunk, RestoreError> {
+        loop {
+            if let Some(c) = self.spare.pop() {
+                return Ok(c);
+            }
+            if self.allocated < CHUNKS || self.in_flight == 0 {
+                self.allocated += 1;
+                return Ok(Chunk::with_capacity(self.chunk_bytes));
+            }
+            let r = self.done.recv().map_err(|_| RestoreError::WriterStopped)?;
+            self.ingest(r, progress)?;
+        }
+    }
+
+    /// Wait for the writer to finish every chunk, and ingest them.
+    fn finish(mut self, progress: &mut Progress) -> Result<(), RestoreError> {
+        while self.in_flight > 0 {
+            let r = self.done.recv().map_err(|_| RestoreError::WriterStopped)?;
+            self.ingest(r, progress)?;
+        }
+        Ok(())
+    }
 }
 
 fn checkpoint_of(t: &Task, si: usize) -> Result<Option<i64>, StoreError> {
@@ -324,13 +659,7 @@ fn checkpoint_of(t: &Task, si: usize) -> Result<Option<i64>, StoreError> {
     }
 }
 
-fn apply(
-    t: &mut Task,
-    si: usize,
-    batch: Changes,
-    next: i64,
-    unlogged: bool,
-) -> Result<(), StoreError> {
+fn apply(t: &mut Task, si: usize, batch: Changes, next: i64) -> Result<(), StoreError> {
     let name = t.stores[si].name.clone();
     if t.stores[si].is_in_memory() {
         t.stores[si].apply_in_memory(&batch, Some(next));
@@ -346,11 +675,7 @@ fn apply(
             },
         )
     });
-    if unlogged {
-        db.write_unlogged(changes, [(name.as_str(), next)])
-    } else {
-        db.write(changes, [(name.as_str(), next)])
-    }
+    db.write(changes, [(name.as_str(), next)])
 }
 
 /// Empty one store of a task (data and checkpoint together); its other stores are untouched.

@@ -87,7 +87,9 @@ impl RuntimeError {
             RuntimeError::Task(TaskError::BadRecord { .. }) => false,
             RuntimeError::Restore(RestoreError::Kafka { source, .. })
             | RuntimeError::Kafka { source, .. } => !fault::is_fatal(source),
-            RuntimeError::Restore(RestoreError::Interrupted) => false,
+            RuntimeError::Restore(
+                RestoreError::Interrupted | RestoreError::Spawn(_) | RestoreError::WriterStopped,
+            ) => false,
             RuntimeError::Delivery(d) => !fault::is_fatal_code(d.code),
             RuntimeError::NoGroupMetadata
             | RuntimeError::CommitStalled(_)

@@ -11,8 +11,8 @@
 
 use crate::window::Segments;
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, Env, FlushOptions, Options, WriteBatch,
-    WriteBufferManager, WriteOptions,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, Env, FlushOptions,
+    IngestExternalFileOptions, Options, WriteBatch, WriteBufferManager, WriteOptions,
 };
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -25,6 +25,9 @@ const CHECKPOINT_PREFIX: &[u8] = b"checkpoint/";
 /// Segment interval of a window store's family, so a family laid out for another interval
 /// (its retention changed) is rebuilt rather than misread.
 const SEGMENTS_PREFIX: &[u8] = b"segments/";
+/// Subdirectory of a task's database where restore writes SST files before ingesting them.
+/// RocksDB ignores directories it did not create, and the name is no file name it parses.
+const INGEST_DIR: &str = "eddy-restore";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -144,10 +147,11 @@ pub struct TaskDb {
     path: PathBuf,
     families: Vec<String>,
     write: WriteOptions,
-    /// Restore's writes: no WAL (see [`TaskDb::write_unlogged`]).
-    unlogged: WriteOptions,
     /// Window stores' families: their keys are laid out by segment (see [`crate::window`]).
     segments: std::collections::HashMap<String, Segments>,
+    /// The families' options, for SST files built outside the database (see
+    /// [`TaskDb::ingest`]) so they have the same format as RocksDB's own.
+    sst_options: Options,
 }
 
 /// A change to apply at commit: `None` deletes the key.
@@ -210,12 +214,8 @@ impl TaskDb {
                 .chain([META_CF.to_string()])
                 .collect(),
             write: WriteOptions::default(),
-            unlogged: {
-                let mut w = WriteOptions::default();
-                w.disable_wal(true);
-                w
-            },
             segments: Default::default(),
+            sst_options: res.cf_options(),
         };
         let reconciled = db.reconcile(&existing, stores)?;
         Ok((db, reconciled))
@@ -395,28 +395,6 @@ impl TaskDb {
         changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
         checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
     ) -> Result<(), StoreError> {
-        self.write_with(changes, checkpoints, &self.write)
-    }
-
-    /// [`Self::write`] without the WAL, for restore: the WAL would write the whole state a
-    /// second time. Safe because families flush atomically (`atomic_flush`): a crash loses
-    /// unflushed batches together with their checkpoints, and the store restores from the
-    /// last flushed one. Call [`Self::flush`] before a logged write follows, or replaying the
-    /// WAL could put a later checkpoint on top of the lost batches.
-    pub fn write_unlogged<'a>(
-        &self,
-        changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
-        checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
-    ) -> Result<(), StoreError> {
-        self.write_with(changes, checkpoints, &self.unlogged)
-    }
-
-    fn write_with<'a>(
-        &self,
-        changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
-        checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
-        opts: &WriteOptions,
-    ) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
         for (store, c) in changes {
             let cf = self.cf(store)?;
@@ -430,7 +408,58 @@ impl TaskDb {
         for (store, offset) in checkpoints {
             batch.put_cf(meta, checkpoint_key(store), offset.to_be_bytes());
         }
-        self.rocks(self.db.write_opt(batch, opts))
+        self.rocks(self.db.write_opt(batch, &self.write))
+    }
+
+    /// The key a changelog record's key has in `store`'s family: what restore writes into
+    /// the SST files it ingests, which bypass [`Self::write`]. Window stores prefix it with
+    /// its segment; other stores keep changelog keys as they are.
+    pub fn stored_key<'k>(&self, store: &str, key: &'k [u8]) -> Cow<'k, [u8]> {
+        self.db_key(store, key)
+    }
+
+    /// Options for an SST file to give to [`Self::ingest`].
+    pub fn sst_options(&self) -> &Options {
+        &self.sst_options
+    }
+
+    /// The directory for SST files to ingest (created if missing). It is on the database's
+    /// file system, so ingesting a file there moves it (a hard link) instead of copying it.
+    pub fn ingest_dir(&self) -> Result<PathBuf, StoreError> {
+        let dir = self.path.join(INGEST_DIR);
+        std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(dir)
+    }
+
+    /// Remove what is left in [`Self::ingest_dir`] (files of a restore that failed or was
+    /// killed before ingesting them).
+    pub fn clear_ingest_dir(&self) -> Result<(), StoreError> {
+        wipe(&self.path.join(INGEST_DIR))
+    }
+
+    /// Add an SST file (sorted, written with [`Self::sst_options`]) to `store`, then set the
+    /// store's checkpoint. Ingestion gives the file's keys sequence numbers above everything
+    /// in the database, so a later file wins over an earlier one and over older data; it
+    /// returns once the file is linked and synced and the manifest naming it is synced, so
+    /// the checkpoint, written after it (through the WAL like a commit's), never claims
+    /// records the store does not have. A crash in between leaves data ahead of the
+    /// checkpoint, which the next restore writes again with the same values.
+    pub fn ingest(
+        &self,
+        store: &str,
+        file: Option<&Path>,
+        checkpoint: i64,
+    ) -> Result<(), StoreError> {
+        if let Some(file) = file {
+            let mut o = IngestExternalFileOptions::default();
+            o.set_move_files(true);
+            let cf = self.cf(store)?;
+            self.rocks(self.db.ingest_external_file_cf_opts(cf, &o, vec![file]))?;
+        }
+        self.write(std::iter::empty(), [(store, checkpoint)])
     }
 
     /// Empty a store and delete its checkpoint in one batch: it then restores its changelog
@@ -468,6 +497,34 @@ impl TaskDb {
         let mut fo = FlushOptions::default();
         fo.set_wait(true);
         self.rocks(self.db.flush_cfs_opt(&names, &fo))
+    }
+
+    /// Every key and value of a store, in key order.
+    #[cfg(test)]
+    pub(crate) fn contents(&self, store: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let cf = self.cf(store).expect("store");
+        self.db
+            .iterator_cf(cf, rocksdb::IteratorMode::Start)
+            .map(|kv| {
+                let (k, v) = kv.expect("read");
+                (k.to_vec(), v.to_vec())
+            })
+            .collect()
+    }
+
+    /// Number of SST files of a store on each level (L0 first).
+    #[cfg(test)]
+    pub(crate) fn files_per_level(&self, store: &str) -> Vec<u64> {
+        let cf = self.cf(store).expect("store");
+        (0..7)
+            .map(|l| {
+                let p = format!("rocksdb.num-files-at-level{l}");
+                self.db
+                    .property_int_value_cf(cf, p.as_str())
+                    .expect("property")
+                    .unwrap_or(0)
+            })
+            .collect()
     }
 
     /// Estimated number of keys and bytes of live data in a store.
