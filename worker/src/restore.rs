@@ -610,7 +610,7 @@ impl Pipeline<'_> {
         let task = t.id.to_string();
         let total = progress.wrote(&task, store, job.chunk.read, left, self.started);
         if job.last {
-            tracing::info!(task = %task, store = %store, records = total, "restored (SST files ingested)");
+            tracing::info!(task = %task, store = %store, records = total, via = "SST files", "restored");
         }
         self.spare.push(job.chunk);
         Ok(())

@@ -218,6 +218,9 @@ impl TaskDb {
             sst_options: res.cf_options(),
         };
         let reconciled = db.reconcile(&existing, stores)?;
+        // SST files a killed restore wrote but did not ingest: whatever restores next (a bulk
+        // restore, batches, a standby) starts from the checkpoint and never needs them.
+        db.clear_ingest_dir()?;
         Ok((db, reconciled))
     }
 
