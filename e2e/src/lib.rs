@@ -401,6 +401,22 @@ pub fn latest_by_key(topic: &str) -> Result<HashMap<Vec<u8>, Vec<u8>>> {
     Ok(m)
 }
 
+/// Topics a test made (and every topic named with the app's prefix: its internal ones),
+/// deleted when the guard drops, even when the test fails.
+pub struct Cleanup(pub Vec<String>, pub String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let mut all = self.0.clone();
+        all.extend(topics_with_prefix(&self.1).unwrap_or_default());
+        // librdkafka crashes on a DeleteTopics request naming a topic twice.
+        all.sort();
+        all.dedup();
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        let _ = delete_topics(&refs);
+    }
+}
+
 /// Wait for a condition instead of sleeping a fixed time.
 pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> Result<bool>) -> Result<()> {
     let deadline = Instant::now() + timeout;

@@ -12,21 +12,6 @@ use std::time::{Duration, Instant};
 const READY: Duration = Duration::from_secs(120);
 const DONE: Duration = Duration::from_secs(240);
 
-/// Topics a test made, deleted when it ends, even on failure.
-struct Cleanup(Vec<String>, String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let mut all = self.0.clone();
-        all.extend(topics_with_prefix(&self.1).unwrap_or_default());
-        // librdkafka crashes on a DeleteTopics request naming a topic twice.
-        all.sort();
-        all.dedup();
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        let _ = delete_topics(&refs);
-    }
-}
-
 fn count_app(app: &str, input: &str, output: &str, guarantee: &str) -> String {
     format!(
         "applicationId: {app}\nprocessingGuarantee: {guarantee}\ncommitIntervalMs: 200\ntopology:\n  - from: {{topic: {input}}}\n  - count: {{store: counts}}\n  - to: {{topic: {output}, value: i64}}\n"

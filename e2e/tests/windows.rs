@@ -11,20 +11,6 @@ use std::time::Duration;
 const READY: Duration = Duration::from_secs(120);
 const DONE: Duration = Duration::from_secs(240);
 
-/// Topics a test made, deleted when it ends, even on failure.
-struct Cleanup(Vec<String>, String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let mut all = self.0.clone();
-        all.extend(topics_with_prefix(&self.1).unwrap_or_default());
-        all.sort();
-        all.dedup();
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        let _ = delete_topics(&refs);
-    }
-}
-
 /// One login event: user, event time and value, in production order.
 struct Event {
     user: String,

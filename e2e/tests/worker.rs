@@ -22,24 +22,6 @@ fn i64_of(b: &[u8]) -> Result<i64> {
     ))
 }
 
-/// Topics a test made, deleted when it ends, even on failure.
-struct Cleanup(Vec<String>, String);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let mut all = self.0.clone();
-        all.extend(topics_with_prefix(&self.1).unwrap_or_default());
-        // librdkafka crashes on a DeleteTopics request naming a topic twice.
-        all.sort();
-        all.dedup();
-        // librdkafka crashes on a DeleteTopics request naming a topic twice.
-        all.sort();
-        all.dedup();
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        let _ = delete_topics(&refs);
-    }
-}
-
 fn payments(from: usize, n: usize) -> (Vec<Input>, HashMap<String, (i64, i64)>) {
     let mut records = Vec::new();
     let mut expected: HashMap<String, (i64, i64)> = HashMap::new();
