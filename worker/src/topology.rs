@@ -243,86 +243,63 @@ impl Topology {
                     cur = cur.sink(&to.topic);
                     continue;
                 }
-                Step::Count(c) => (&c.store, c.in_memory, None, steps::Fold::Count),
+                Step::Count(c) => (&c.store, c.in_memory, Format::I64, steps::Fold::Count),
                 Step::Aggregate(a) => (
                     &a.store,
                     a.in_memory,
-                    None,
+                    Format::Json,
                     steps::Fold::Aggregate {
                         initial: compile(i, &a.initial, &steps::VARS)?,
                         add: compile(i, &a.add, &steps::AGG_VARS)?,
                     },
                 ),
+                // A reduce keeps the values' format.
                 Step::Reduce(r) => (
                     &r.store,
                     r.in_memory,
-                    Some(vf),
+                    vf,
                     steps::Fold::Reduce {
                         with: compile(i, &r.with, &steps::AGG_VARS)?,
                         format: vf,
                     },
                 ),
             };
-            let (store, in_memory, keeps_format, fold) = fold;
-            let key_format = kf;
-            let name = store.clone();
-            cur = match window.take() {
-                Some(def) => {
-                    windowed = true;
-                    cur.processor(move || {
-                        Box::new(steps::window::WindowedAggregation::new(
-                            name.clone(),
-                            key_format,
-                            def.windows,
-                            fold.clone(),
-                        ))
-                    })
-                    .store(StoreDef {
-                        name: store.clone(),
-                        in_memory,
+            let (store, in_memory, value_format, fold) = fold;
+            let (key_format, name, def) = (kf, store.clone(), window.take());
+            windowed = def.is_some();
+            cur = match def {
+                Some(def) => cur.processor(move || {
+                    Box::new(steps::window::WindowedAggregation::new(
+                        name.clone(),
                         key_format,
-                        value_format: keeps_format.unwrap_or_else(|| fold_format(step)),
-                        forward_to: None,
-                        window: Some(def),
-                    })
-                }
-                None => {
-                    windowed = false;
-                    cur.processor(move || {
-                        Box::new(steps::Aggregation {
-                            store: name.clone(),
-                            key_format,
-                            fold: fold.clone(),
-                        })
-                    })
-                    .store(StoreDef {
-                        name: store.clone(),
-                        in_memory,
+                        def.windows,
+                        fold.clone(),
+                    ))
+                }),
+                None => cur.processor(move || {
+                    Box::new(steps::Aggregation {
+                        store: name.clone(),
                         key_format,
-                        value_format: keeps_format.unwrap_or_else(|| fold_format(step)),
-                        forward_to: None,
-                        window: None,
+                        fold: fold.clone(),
                     })
-                }
+                }),
             };
-            vf = keeps_format.unwrap_or_else(|| fold_format(step));
             // The store's updates go on to the step after the aggregation.
-            if let Some(s) = cur.stores.last_mut() {
-                s.forward_to = Some(cur.processors.len());
-            }
+            let forward_to = Some(cur.processors.len());
+            cur = cur.store(StoreDef {
+                name: store.clone(),
+                in_memory,
+                key_format,
+                value_format,
+                forward_to,
+                window: def,
+            });
+            vf = value_format;
         }
         subs.push(cur);
         Ok(Topology {
             subtopologies: subs,
         })
-    }
-}
-
-/// The stored (and emitted) value format of a count or aggregate.
-fn fold_format(step: &Step) -> Format {
-    match step {
-        Step::Count(_) => Format::I64,
-        _ => Format::Json,
     }
 }
 
