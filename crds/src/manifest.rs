@@ -290,7 +290,50 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
             }
             Step::Aggregate(a) => {
                 check_store(&mut stores, &a.store, &format!("{field}.aggregate.store"))?;
+                let session = i > 0
+                    && matches!(&spec.topology[i - 1], Step::Window(w) if w.session.is_some());
+                match (session, &a.merge) {
+                    (true, None) => {
+                        return Err(invalid(
+                            format!("{field}.aggregate"),
+                            "after a session window, aggregate needs merge: a jq expression combining two sessions' aggregates ($agg and $other) when a record bridges them, e.g. merge: '$agg + $other'",
+                        ));
+                    }
+                    (true, Some(m)) if m.trim().is_empty() => {
+                        return Err(invalid(
+                            format!("{field}.aggregate.merge"),
+                            "the jq expression is empty",
+                        ));
+                    }
+                    (false, Some(_)) => {
+                        return Err(invalid(
+                            format!("{field}.aggregate.merge"),
+                            "merge is for session windows only (put `window: {session: ..., grace: ...}` before this step, or remove merge)",
+                        ));
+                    }
+                    _ => {}
+                }
                 windowed = after_window;
+            }
+            Step::Suppress(_) => {
+                let aggregation = i >= 2
+                    && matches!(spec.topology[i - 2], Step::Window(_))
+                    && matches!(
+                        spec.topology[i - 1],
+                        Step::Count(_) | Step::Aggregate(_) | Step::Reduce(_)
+                    );
+                if !aggregation {
+                    return Err(invalid(
+                        format!("{field}.suppress"),
+                        "suppress comes right after a windowed count, aggregate or reduce (window, then the aggregation, then suppress)",
+                    ));
+                }
+                if let Some(d) = crate::step::stores(&spec.topology)
+                    .into_iter()
+                    .find(|d| d.step == i)
+                {
+                    check_store(&mut stores, &d.name, &format!("{field}.suppress"))?;
+                }
             }
             Step::Reduce(r) => {
                 check_store(&mut stores, &r.store, &format!("{field}.reduce.store"))?;
@@ -507,15 +550,16 @@ spec:
         assert_eq!(
             decls[0].kind,
             crate::StoreKind::Window {
-                retention: crate::Duration::from_millis(86_400_000)
-            }
+                retention: crate::Duration::from_millis(330_000)
+            },
+            "by default as long as records may change a window: size + grace"
         );
         let topics = crate::topics::layout("x", &ok.spec);
         assert_eq!(
             topics[0].stores[0].changelog_config(),
             [
                 ("cleanup.policy", "compact,delete".to_string()),
-                ("retention.ms", "172800000".to_string())
+                ("retention.ms", "86730000".to_string())
             ]
         );
         for (steps, field, says) in [
@@ -568,6 +612,46 @@ spec:
                 "- reduce: {store: c, with: ' '}\n",
                 "topology[1].reduce.with",
                 "empty",
+            ),
+            (
+                "- window: {tumbling: 5m, sliding: 5m, grace: 0s}\n- count: {store: c}\n",
+                "topology[1].window",
+                "one kind, got tumbling and sliding",
+            ),
+            (
+                "- window: {sliding: 5m, advance: 1m, grace: 0s}\n- count: {store: c}\n",
+                "topology[1].window",
+                "not sliding windows",
+            ),
+            (
+                "- window: {sliding: 5m, grace: 1m, retention: 6m}\n- count: {store: c}\n",
+                "topology[1].window",
+                "twice the size + grace (11m)",
+            ),
+            (
+                "- window: {session: 0s, grace: 1m}\n- count: {store: c}\n",
+                "topology[1].window",
+                "session must be more than 0",
+            ),
+            (
+                "- window: {session: 5m, grace: 0s}\n- aggregate: {store: c, initial: '0', add: '$agg + 1'}\n",
+                "topology[2].aggregate",
+                "needs merge",
+            ),
+            (
+                "- window: {tumbling: 5m, grace: 0s}\n- aggregate: {store: c, initial: '0', add: '$agg + 1', merge: '$agg + $other'}\n",
+                "topology[2].aggregate.merge",
+                "session windows only",
+            ),
+            (
+                "- count: {store: c}\n- suppress: untilWindowCloses\n",
+                "topology[2].suppress",
+                "right after a windowed count",
+            ),
+            (
+                "- window: {tumbling: 5m, grace: 0s}\n- count: {store: c}\n- suppress: untilWindowCloses\n- groupBy: '.a'\n- count: {store: c-suppress}\n",
+                "topology[5].count.store",
+                "defined twice",
             ),
         ] {
             let e = err(&app(steps));

@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-const STEPS: &str = "from, filter, map, groupBy, window, count, aggregate, reduce, to";
+const STEPS: &str = "from, filter, map, groupBy, window, count, aggregate, reduce, suppress, to";
 
 /// How the bytes of a key or value are read and written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -51,6 +51,9 @@ pub enum Step {
     /// Combine records per key with an expression of the current value and the new one;
     /// emits the updated value.
     Reduce(ReduceStep),
+    /// After a windowed aggregation: hold its updates back and emit one final result per
+    /// window once the window closes.
+    Suppress(Suppress),
     /// Write to a topic, partitioned by Kafka's murmur2 of the key bytes.
     To(ToStep),
 }
@@ -67,6 +70,7 @@ impl Step {
             Step::Count(_) => "count",
             Step::Aggregate(_) => "aggregate",
             Step::Reduce(_) => "reduce",
+            Step::Suppress(_) => "suppress",
             Step::To(_) => "to",
         }
     }
@@ -191,8 +195,25 @@ pub struct AggregateStep {
     pub initial: String,
     /// jq expression for the new aggregate, with `$agg` bound to the current one.
     pub add: String,
+    /// Session windows only: jq expression for the aggregate of two sessions a record
+    /// bridges, with `$agg` and `$other` their aggregates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge: Option<String>,
     #[serde(default)]
     pub in_memory: bool,
+}
+
+/// `suppress: untilWindowCloses` (Kafka Streams' `Suppressed.untilWindowCloses`): one result
+/// per window, its final value, once stream time passes the window's end plus its grace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Suppress {
+    UntilWindowCloses,
+}
+
+/// The store a `suppress` step buffers its windows in: named after the aggregation's store.
+pub fn suppress_store(aggregation_store: &str) -> String {
+    format!("{aggregation_store}-suppress")
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -206,8 +227,9 @@ pub struct ReduceStep {
     pub in_memory: bool,
 }
 
-/// `window: {tumbling: 5m, grace: 30s}` or `{hopping: 1h, advance: 5m, grace: 0s}`: exactly
-/// one kind, with its grace period.
+/// `window: {tumbling: 5m, grace: 30s}`, `{hopping: 1h, advance: 5m, grace: 0s}`,
+/// `{sliding: 10m, grace: 1m}` or `{session: 30m, grace: 1m}`: exactly one kind, with its
+/// grace period.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WindowStep {
@@ -221,11 +243,20 @@ pub struct WindowStep {
     /// How far apart hopping windows start: more than 0, at most their size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advance: Option<Duration>,
+    /// Windows of this size ending at each record (Kafka Streams' `SlidingWindows`, whose
+    /// time difference this is): records in one window are at most this far apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding: Option<Duration>,
+    /// Sessions: a key's records with gaps of at most this inactivity gap between them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<Duration>,
     /// How late (in event time, behind the largest timestamp the task has seen) a record may
     /// arrive and still count in its window: `0s` drops every late record. Required, as Kafka
     /// Streams asks to choose between `ofSizeWithNoGrace` and `ofSizeAndGrace`.
     pub grace: Duration,
-    /// How long windows are kept in the store (default one day, and at least size + grace).
+    /// How long windows are kept in the store: at least, and by default, as long as records
+    /// may still change them (as Kafka Streams: size + grace; twice the size + grace for
+    /// sliding windows; gap + grace for sessions). Longer keeps history to query.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Duration>,
 }
@@ -235,47 +266,93 @@ pub struct WindowStep {
 pub enum WindowKind {
     Tumbling { size: Duration },
     Hopping { size: Duration, advance: Duration },
+    Sliding { size: Duration },
+    Session { gap: Duration },
 }
 
-/// Kafka Streams' default window store retention.
-pub const DEFAULT_WINDOW_RETENTION: Duration = Duration::from_millis(86_400_000);
+const KINDS: &str = "{tumbling: 5m, grace: 30s}, {hopping: 1h, advance: 5m, grace: 0s}, {sliding: 10m, grace: 1m} or {session: 30m, grace: 1m}";
 
 impl WindowStep {
     /// Exactly one kind, and its sizes make sense.
     pub fn kind(&self) -> Result<WindowKind, String> {
-        let zero = |what: &str| format!("{what} must be more than 0");
-        match (self.tumbling, self.hopping, self.advance) {
-            (Some(size), None, None) if size > Duration::ZERO => Ok(WindowKind::Tumbling { size }),
-            (Some(_), None, None) => Err(zero("tumbling")),
-            (Some(_), None, Some(_)) => Err("advance belongs to hopping windows: tumbling windows advance by their size".into()),
-            (None, Some(_), None) => Err("hopping windows need advance: how far apart windows start, e.g. {hopping: 1h, advance: 5m, grace: 0s}".into()),
-            (None, Some(size), Some(advance)) => {
-                if size == Duration::ZERO {
-                    Err(zero("hopping"))
-                } else if advance == Duration::ZERO || advance > size {
-                    Err(format!("advance must be more than 0 and at most the window size ({size}), got {advance}"))
-                } else {
-                    Ok(WindowKind::Hopping { size, advance })
+        let given: Vec<&str> = [
+            ("tumbling", self.tumbling),
+            ("hopping", self.hopping),
+            ("sliding", self.sliding),
+            ("session", self.session),
+        ]
+        .iter()
+        .filter(|(_, d)| d.is_some())
+        .map(|(n, _)| *n)
+        .collect();
+        if given.len() > 1 {
+            return Err(format!(
+                "a window has one kind, got {}: write one of {KINDS}",
+                given.join(" and ")
+            ));
+        }
+        if self.advance.is_some() && self.hopping.is_none() {
+            return Err(match given.first() {
+                Some(&"tumbling") => {
+                    "advance belongs to hopping windows: tumbling windows advance by their size"
+                        .into()
+                }
+                Some(k) => format!("advance belongs to hopping windows, not {k} windows"),
+                None => format!("give the window's kind: {KINDS}"),
+            });
+        }
+        let positive = |what: &str, d: Duration| {
+            if d > Duration::ZERO {
+                Ok(d)
+            } else {
+                Err(format!("{what} must be more than 0"))
+            }
+        };
+        match (self.tumbling, self.hopping, self.sliding, self.session) {
+            (Some(size), ..) => Ok(WindowKind::Tumbling {
+                size: positive("tumbling", size)?,
+            }),
+            (_, Some(size), ..) => {
+                let size = positive("hopping", size)?;
+                match self.advance {
+                    None => Err("hopping windows need advance: how far apart windows start, e.g. {hopping: 1h, advance: 5m, grace: 0s}".into()),
+                    Some(advance) if advance == Duration::ZERO || advance > size => Err(format!(
+                        "advance must be more than 0 and at most the window size ({size}), got {advance}"
+                    )),
+                    Some(advance) => Ok(WindowKind::Hopping { size, advance }),
                 }
             }
-            (None, None, _) => Err("give the window's kind: {tumbling: 5m, grace: 30s} or {hopping: 1h, advance: 5m, grace: 0s}".into()),
-            (Some(_), Some(_), _) => Err("a window is tumbling or hopping, not both".into()),
+            (_, _, Some(size), _) => Ok(WindowKind::Sliding {
+                size: positive("sliding", size)?,
+            }),
+            (.., Some(gap)) => Ok(WindowKind::Session {
+                gap: positive("session", gap)?,
+            }),
+            _ => Err(format!("give the window's kind: {KINDS}")),
         }
     }
 
-    /// How long windows stay in the store: `retention`, or one day, and never less than
-    /// size + grace (a window must outlive its last chance of an update).
+    /// How long windows stay in the store: `retention`, never less than what the window
+    /// still needs after its start, which is also the default (as Kafka Streams' DSL: size +
+    /// grace; for sliding windows twice the size + grace, as a record creates windows that
+    /// far back; for sessions the gap + grace after the session's end).
     pub fn retention(&self) -> Result<Duration, String> {
-        let size = match self.kind()? {
-            WindowKind::Tumbling { size } | WindowKind::Hopping { size, .. } => size,
+        let (least, what) = match self.kind()? {
+            WindowKind::Tumbling { size } | WindowKind::Hopping { size, .. } => {
+                (size.saturating_add(self.grace), "size + grace")
+            }
+            WindowKind::Sliding { size } => (
+                size.saturating_add(size).saturating_add(self.grace),
+                "twice the size + grace",
+            ),
+            WindowKind::Session { gap } => (gap.saturating_add(self.grace), "gap + grace"),
         };
-        let least = size.saturating_add(self.grace);
         match self.retention {
             Some(r) if r < least => Err(format!(
-                "retention {r} is less than size + grace ({least}): windows would be dropped while records may still update them"
+                "retention {r} is less than {what} ({least}): windows would be dropped while records may still update them"
             )),
             Some(r) => Ok(r),
-            None => Ok(DEFAULT_WINDOW_RETENTION.max(least)),
+            None => Ok(least),
         }
     }
 }
@@ -295,7 +372,8 @@ pub enum StoreKind {
 pub struct StoreDecl<'a> {
     pub step: usize,
     pub keyword: &'static str,
-    pub name: &'a str,
+    /// The store's name; a `suppress` step's buffer is named after its aggregation's store.
+    pub name: std::borrow::Cow<'a, str>,
     pub in_memory: bool,
     pub kind: StoreKind,
 }
@@ -307,18 +385,27 @@ pub fn stores(topology: &[Step]) -> Vec<StoreDecl<'_>> {
     let mut out = Vec::new();
     for (i, step) in topology.iter().enumerate() {
         let (name, in_memory) = match step {
-            Step::Count(c) => (&c.store, c.in_memory),
-            Step::Aggregate(a) => (&a.store, a.in_memory),
-            Step::Reduce(r) => (&r.store, r.in_memory),
+            Step::Count(c) => (c.store.as_str().into(), c.in_memory),
+            Step::Aggregate(a) => (a.store.as_str().into(), a.in_memory),
+            Step::Reduce(r) => (r.store.as_str().into(), r.in_memory),
+            // The buffer keeps the aggregation's choice of memory or RocksDB.
+            Step::Suppress(_) => match out.last() {
+                Some(StoreDecl {
+                    name,
+                    in_memory,
+                    step,
+                    ..
+                }) if *step + 1 == i => (suppress_store(name).into(), *in_memory),
+                _ => continue,
+            },
             _ => continue,
         };
         let kind = match i.checked_sub(1).and_then(|j| topology.get(j)) {
-            Some(Step::Window(w)) => {
-                w.retention()
-                    .map_or(StoreKind::KeyValue, |retention| StoreKind::Window {
-                        retention,
-                    })
-            }
+            Some(Step::Window(w)) if !matches!(step, Step::Suppress(_)) => w
+                .retention()
+                .map_or(StoreKind::KeyValue, |retention| StoreKind::Window {
+                    retention,
+                }),
             _ => StoreKind::KeyValue,
         };
         out.push(StoreDecl {
@@ -390,18 +477,23 @@ pub(crate) fn schema() -> Value {
             "filter": d(string.clone(), "jq: keep the records for which it is true (`.` is the value, $key the key, $ts the timestamp)."),
             "map": d(string.clone(), "jq: replace the value by each of its outputs."),
             "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "Re-key: a jq expression, or {key: <jq>, format: FORMAT, name: NAME}. The name names the repartition topic <applicationId>-<name>-repartition; without one, the step's index does."},
-            "window": {"type": "object", "description": "Make the next count, aggregate or reduce per key and time window: {tumbling: 5m, grace: 30s} or {hopping: 1h, advance: 5m, grace: 0s}.", "required": ["grace"], "properties": {
+            "window": {"type": "object", "description": "Make the next count, aggregate or reduce per key and time window: {tumbling: 5m, grace: 30s}, {hopping: 1h, advance: 5m, grace: 0s}, {sliding: 10m, grace: 1m} or {session: 30m, grace: 1m}.", "required": ["grace"], "properties": {
                 "tumbling": d(duration.clone(), "Size of tumbling windows."),
                 "hopping": d(duration.clone(), "Size of hopping windows."),
                 "advance": d(duration.clone(), "How far apart hopping windows start (more than 0, at most the size)."),
+                "sliding": d(duration.clone(), "Size of sliding windows: records at most this far apart share a window (Kafka Streams' SlidingWindows time difference)."),
+                "session": d(duration.clone(), "Inactivity gap of session windows: a key's records closer than this are one session."),
                 "grace": d(duration.clone(), "How late a record may arrive and still count in its window (0s drops every late record)."),
-                "retention": d(duration, "How long windows are kept (default one day, at least size + grace).")}},
+                "retention": d(duration, "How long windows are kept: at least, and by default, size + grace (twice the size + grace for sliding windows, gap + grace for sessions).")}},
             "count": {"type": "object", "description": "Count records per key into a store; emits the updated count (i64).", "required": ["store"], "properties": {"store": store.clone(), "inMemory": in_memory.clone()}},
             "aggregate": {"type": "object", "description": "Fold records per key into a store; emits the updated aggregate.", "required": ["store", "initial", "add"], "properties": {
                 "store": store, "initial": d(string.clone(), "jq: the first aggregate of a key (input: the record value)."),
-                "add": d(string.clone(), "jq: the new aggregate, with $agg bound to the current one."), "inMemory": in_memory}},
+                "add": d(string.clone(), "jq: the new aggregate, with $agg bound to the current one."),
+                "merge": d(string.clone(), "Session windows only (and required there): jq combining two sessions' aggregates, $agg and $other, when a record bridges them."),
+                "inMemory": in_memory}},
             "reduce": {"type": "object", "description": "Combine the records of a key: the first value as it is, then `with`; emits the updated value.", "required": ["store", "with"], "properties": {
                 "store": store_reduce, "with": d(string.clone(), "jq: the new value, with . the record's value and $agg the current one."), "inMemory": in_memory_reduce}},
+            "suppress": {"type": "string", "enum": ["untilWindowCloses"], "description": "After a windowed aggregation: emit one final result per window once stream time passes its end plus grace (buffered in the store <store>-suppress)."},
             "to": {"type": "object", "description": "Write to a topic, partitioned by Kafka's murmur2 of the key bytes.", "required": ["topic"], "properties": {
                 "topic": d(topic, "The output topic (it must exist)."),
                 "key": d(json!({"type": "string", "enum": ["string", "json", "bytes", "i64", "windowed"]}), "Key format (default: the key's current format; after a window, windowed). A windowed key is written windowed (Kafka Streams' windowed serdes), json ({key, start, end}) or string ([key@start/end])."),

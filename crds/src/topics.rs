@@ -178,7 +178,7 @@ pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<Intern
             ),
             _ => match decls.iter().find(|d| d.step == step) {
                 Some(d) => (
-                    changelog(application_id, d.name),
+                    changelog(application_id, &d.name),
                     Origin::Changelog {
                         step,
                         keyword: d.keyword,

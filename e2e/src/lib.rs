@@ -301,6 +301,25 @@ pub fn produce_with(topic: &str, records: &[Input], settings: &[(&str, &str)]) -
     Ok(())
 }
 
+/// Produce keyed records with the given timestamps (ms), each to the partition Kafka's Java
+/// client would pick for its key.
+pub fn produce_at(topic: &str, records: &[(Vec<u8>, Vec<u8>, i64)]) -> Result<()> {
+    let n = partition_count(topic)?;
+    let p: ThreadedProducer<DefaultProducerContext> =
+        client(&[("linger.ms", "20"), ("enable.idempotence", "true")])?.create()?;
+    for (k, v, ts) in records {
+        let part = eddy_worker::partitioner::partition_for(k, n);
+        let rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
+            .partition(part)
+            .key(k.as_slice())
+            .payload(v.as_slice())
+            .timestamp(*ts);
+        send(&p, rec)?;
+    }
+    p.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
 /// Send a record, waiting for queue space when librdkafka's queue is full.
 pub fn send<'a>(
     p: &ThreadedProducer<DefaultProducerContext>,

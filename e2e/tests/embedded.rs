@@ -93,6 +93,7 @@ fn a_custom_processor_uses_a_store_and_survives_a_restart() -> Result<()> {
                     value_format: Format::Bytes,
                     forward_to: None,
                     window: None,
+                    ordered: false,
                 })
                 .sink(&output),
             ],
@@ -128,6 +129,267 @@ fn a_custom_processor_uses_a_store_and_survives_a_restart() -> Result<()> {
         out.iter()
             .all(|r| r.value.as_deref().is_some_and(|v| v.starts_with(b"v")))
     );
+    let mut names = topics_with_prefix(&app)?;
+    names.sort();
+    names.dedup();
+    delete_topics(&names.iter().map(String::as_str).collect::<Vec<_>>())?;
+    Ok(())
+}
+
+/// Counts per key in 10 s windows of a window store, emits each window's count once stream
+/// time has passed its end (stream-time punctuation) and removes it, keeps each key's session
+/// (5 s gap) in a session store, and writes a tick every 100 ms of wall-clock time.
+struct Summaries {
+    output: String,
+}
+
+const WINDOW: i64 = 10_000;
+
+impl Processor for Summaries {
+    fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        let key = match &r.key {
+            Some(k) => k
+                .to_bytes(Format::Bytes)
+                .map_err(ProcessError::bad)?
+                .into_owned(),
+            None => return Ok(()),
+        };
+        let start = r.timestamp / WINDOW * WINDOW;
+        let mut counts = ctx.window_store("counts")?;
+        let n = counts
+            .get(&key, start)?
+            .map_or(0, |b| i64::from_be_bytes(b.try_into().unwrap_or_default()));
+        counts.put(&key, start, &(n + 1).to_be_bytes(), r.timestamp);
+        let mut sessions = ctx.session_store("sessions")?;
+        let near = sessions.find_sessions(&key, r.timestamp - 5_000, r.timestamp + 5_000)?;
+        let mut merged = eddy_worker::window::Window {
+            start: r.timestamp,
+            end: r.timestamp,
+        };
+        let mut n = 1;
+        for (w, v) in near {
+            merged.start = merged.start.min(w.start);
+            merged.end = merged.end.max(w.end);
+            n += i64::from_be_bytes(v.try_into().unwrap_or_default());
+            sessions.remove(&key, w, r.timestamp);
+        }
+        sessions.put(&key, merged, &n.to_be_bytes(), r.timestamp);
+        Ok(())
+    }
+
+    fn schedule(&self) -> Option<eddy_worker::Punctuation> {
+        Some(eddy_worker::Punctuation::StreamTime(Duration::from_secs(
+            10,
+        )))
+    }
+
+    fn punctuate(&mut self, time: i64, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        let mut counts = ctx.window_store("counts")?;
+        let closed = counts.fetch_all(0, time - WINDOW)?;
+        for (key, w, _) in &closed {
+            counts.remove(key, w.start, time);
+        }
+        for (key, w, v) in closed {
+            let line = format!(
+                "{}@{}={}",
+                String::from_utf8_lossy(&key),
+                w.start,
+                i64::from_be_bytes(v.try_into().unwrap_or_default())
+            );
+            ctx.send(&self.output, Some(b"summary"), Some(line.as_bytes()), time)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes a tick every 100 ms of wall-clock time, and counts them.
+struct Ticks {
+    output: String,
+    ticks: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Processor for Ticks {
+    fn process(&mut self, _: Record, _: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+
+    fn schedule(&self) -> Option<eddy_worker::Punctuation> {
+        Some(eddy_worker::Punctuation::WallClock(Duration::from_millis(
+            100,
+        )))
+    }
+
+    fn punctuate(&mut self, time: i64, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+        ctx.send(
+            &self.output,
+            Some(b"tick"),
+            Some(time.to_string().as_bytes()),
+            time,
+        )
+    }
+}
+
+#[test]
+fn custom_processors_use_window_and_session_stores_and_punctuate() -> Result<()> {
+    let app = unique("punctuate");
+    let (input, output) = (format!("{app}-in"), format!("{app}-out"));
+    create_topic(&input, 1)?;
+    create_topic(&output, 1)?;
+    // 60 s of event time an hour ago, one record a second over three keys.
+    let t0 = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64
+        - 3_600_000)
+        / WINDOW
+        * WINDOW
+        + 3_500;
+    let records: Vec<(Vec<u8>, Vec<u8>, i64)> = (0..60)
+        .map(|i| {
+            (
+                format!("k{}", i % 3).into_bytes(),
+                b"x".to_vec(),
+                t0 + i * 1_000,
+            )
+        })
+        .collect();
+    produce_at(&input, &records)?;
+    let dir = tempfile::tempdir()?;
+    let mut cfg = WorkerConfig::from_text(
+        &format!(
+            "applicationId: {app}\nprocessingGuarantee: exactly_once\ncommitIntervalMs: 100\ntopology: [{{from: {{topic: {input}, value: bytes}}}}]\n"
+        ),
+        std::path::Path::new("embedded"),
+        Overrides {
+            bootstrap_servers: Some(bootstrap()?),
+            state_dir: Some(dir.path().to_path_buf()),
+            ..Default::default()
+        },
+    )?;
+    let (out, out2) = (output.clone(), output.clone());
+    let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = ticks.clone();
+    let retention = eddy_crds::Duration::from_millis(3_600_000);
+    cfg.topology = Topology {
+        subtopologies: vec![
+            SubTopology::new(
+                0,
+                Source {
+                    topic: input.clone(),
+                    key_format: Format::Bytes,
+                    value_format: Format::Bytes,
+                    internal: false,
+                },
+            )
+            .processor(move || {
+                Box::new(Summaries {
+                    output: out.clone(),
+                })
+            })
+            .processor(move || {
+                Box::new(Ticks {
+                    output: out2.clone(),
+                    ticks: counted.clone(),
+                })
+            })
+            .store(StoreDef::window(
+                "counts",
+                Format::Bytes,
+                Format::I64,
+                eddy_crds::Duration::from_millis(WINDOW as u64),
+                retention,
+            ))
+            .store(StoreDef::session(
+                "sessions",
+                Format::Bytes,
+                Format::I64,
+                retention,
+            ))
+            .sink(&output),
+        ],
+    };
+    let status = Arc::new(Status::default());
+    let metrics = Arc::new(eddy_worker::metrics::Metrics::new());
+    let (s, m) = (status.clone(), metrics.clone());
+    let worker = std::thread::spawn(move || eddy_worker::run(&cfg, m, s));
+    // The output grows every 100 ms while the worker runs: it is read after it stops.
+    let done = wait_until(Duration::from_secs(120), || {
+        let processed =
+            eddy_e2e::sum_metric(&metrics.encode(), "eddy_records_processed_total", &[]);
+        Ok(processed >= 60.0 && ticks.load(Ordering::Relaxed) >= 3)
+    });
+    let processed = eddy_e2e::sum_metric(&metrics.encode(), "eddy_records_processed_total", &[]);
+    status.shutdown.store(true, Ordering::Relaxed);
+    worker
+        .join()
+        .map_err(|_| anyhow::anyhow!("worker panicked"))??;
+    done.map_err(|e| {
+        e.context(format!(
+            "{processed} records processed, {} ticks",
+            ticks.load(Ordering::Relaxed)
+        ))
+    })?;
+    let out = read_all(&output)?;
+    let written = out
+        .iter()
+        .filter(|r| r.key.as_deref() == Some(b"tick"))
+        .count();
+    ensure!(
+        written >= 3,
+        "{written} ticks committed: wall-clock punctuation's output must be committed even without input"
+    );
+    // Stream time ends at t0 + 59 s; punctuations ran at t0, t0 + 10 s, ..., t0 + 50 s, so
+    // every window ending by t0 + 50 s was summarised once, complete.
+    let mut got: Vec<String> = out
+        .iter()
+        .filter(|r| r.key.as_deref() == Some(b"summary"))
+        .filter_map(|r| {
+            r.value
+                .as_deref()
+                .map(|v| String::from_utf8_lossy(v).to_string())
+        })
+        .collect();
+    got.sort();
+    let mut want = Vec::new();
+    let mut start = t0 / WINDOW * WINDOW;
+    while start + WINDOW <= t0 + 50_000 {
+        for k in 0..3 {
+            let n = records
+                .iter()
+                .filter(|(key, _, ts)| {
+                    *key == format!("k{k}").into_bytes() && start <= *ts && *ts < start + WINDOW
+                })
+                .count();
+            if n > 0 {
+                want.push(format!("k{k}@{start}={n}"));
+            }
+        }
+        start += WINDOW;
+    }
+    want.sort();
+    ensure!(got == want, "summaries:\n{got:?}\nwant:\n{want:?}");
+    // Each key's records are 3 s apart: one session each, whole, in the changelog.
+    let mut sessions = std::collections::BTreeMap::new();
+    for r in read_all(&format!("{app}-sessions-changelog"))? {
+        let k = r.key.unwrap_or_default();
+        match r.value {
+            Some(v) => sessions.insert(k, v),
+            None => sessions.remove(&k),
+        };
+    }
+    let first = |k: i64| t0 + k * 1_000;
+    let want: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = (0..3)
+        .map(|k| {
+            let key = [
+                format!("k{k}").as_bytes(),
+                &(first(k) + 57_000).to_be_bytes(),
+                &first(k).to_be_bytes(),
+            ]
+            .concat();
+            (key, 20i64.to_be_bytes().to_vec())
+        })
+        .collect();
+    ensure!(sessions == want, "sessions in the changelog: {sessions:?}");
     let mut names = topics_with_prefix(&app)?;
     names.sort();
     names.dedup();

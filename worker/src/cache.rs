@@ -5,10 +5,11 @@
 //! committed state, and after it, as clean copies of the store, while the cache is within its
 //! share: under exactly-once's 100 ms commits a hot key is then read from memory, not RocksDB.
 
-use crate::store::{MemoryStore, StoreError, TaskDb};
-use crate::window::{Segments, TimeWindows};
+use crate::record::{Data, Record};
+use crate::store::{Entries, MemoryStore, StoreError, TaskDb};
+use crate::window::Segments;
 use eddy_crds::Format;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Where a store's committed data lives.
 pub enum Backend {
@@ -20,6 +21,8 @@ struct Entry {
     value: Option<Vec<u8>>,
     dirty: bool,
     timestamp: i64,
+    /// When it was last put, for flushing ordered stores in update order.
+    seq: u64,
 }
 
 /// One store of one task: its cache, its backend and what the topology knows about it.
@@ -31,13 +34,17 @@ pub struct StoreState {
     pub forward_to: Option<usize>,
     pub key_format: Format,
     pub value_format: Format,
-    /// A window store's windows (keys are then [`crate::window::key`]s).
-    pub windows: Option<TimeWindows>,
-    /// A window store's segments and retention.
+    /// A window or session store's segments, retention and key layout.
     pub segments: Option<Segments>,
+    /// Values start with an 8-byte timestamp that downstream does not see (sliding windows'
+    /// largest record time).
+    pub timestamped: bool,
     /// The largest window start put, which expiry counts retention back from.
     observed: Option<i64>,
     entries: HashMap<Vec<u8>, Entry>,
+    /// The keys of `entries` in order, for stores read by range (window and session stores,
+    /// suppression buffers): a key-value store's point reads do without the upkeep.
+    ordered: Option<BTreeSet<Vec<u8>>>,
     /// Keys that turned dirty since the last flush, so a flush never scans clean entries.
     dirty: Vec<Vec<u8>>,
     /// Keys flushed since the last commit: what the commit writes to the store.
@@ -48,6 +55,8 @@ pub struct StoreState {
     dirty_bytes: usize,
     pub hits: u64,
     pub misses: u64,
+    /// Puts so far (see [`Entry::seq`]).
+    seq: u64,
 }
 
 /// A dirty entry on its way to the changelog.
@@ -77,16 +86,18 @@ impl StoreState {
             forward_to: None,
             key_format,
             value_format,
-            windows: None,
             segments: None,
+            timestamped: false,
             observed: None,
             entries: HashMap::new(),
+            ordered: None,
             dirty: Vec::new(),
             flushed: Vec::new(),
             bytes: 0,
             dirty_bytes: 0,
             hits: 0,
             misses: 0,
+            seq: 0,
         }
     }
 
@@ -105,10 +116,163 @@ impl StoreState {
         }
     }
 
+    /// The state of a store the topology defines.
+    pub fn for_def(d: &crate::topology::StoreDef, changelog: String, backend: Backend) -> Self {
+        let mut s = Self::new(&d.name, changelog, backend, d.key_format, d.value_format);
+        s.forward_to = d.forward_to;
+        s.segments = d.window.map(|w| w.segments());
+        s.timestamped = d
+            .window
+            .is_some_and(|w| matches!(w.windows, crate::window::Windows::Sliding { .. }));
+        if d.ordered || d.window.is_some() {
+            s.keep_order();
+        }
+        s
+    }
+
+    /// The record a flushed entry sends downstream: a window store's key is split into the
+    /// inner key and the window; a timestamped value loses its timestamp.
+    pub fn downstream(&self, d: &Dirty) -> Record {
+        let value = d
+            .value
+            .as_deref()
+            .map(|v| {
+                if self.timestamped {
+                    v.get(8..).unwrap_or_default()
+                } else {
+                    v
+                }
+            })
+            .map(|v| Data::raw(v, self.value_format));
+        match self.segments.and_then(|s| s.schema.split(&d.key)) {
+            Some((inner, w)) => Record {
+                window: Some(w),
+                ..Record::new(Some(Data::raw(inner, self.key_format)), value, d.timestamp)
+            },
+            None => Record::new(Some(Data::raw(&d.key, self.key_format)), value, d.timestamp),
+        }
+    }
+
+    /// Keep the cache's keys in order, so that [`Self::fetch`] and [`Self::range`] see them.
+    pub fn keep_order(&mut self) {
+        self.ordered = Some(self.entries.keys().cloned().collect());
+    }
+
+    /// The windows of `inner` whose time (a window's start, a session's end) is in
+    /// `[from, to]`, cache over store, in key order. Empty for a store that is not windowed.
+    pub fn fetch(
+        &mut self,
+        db: Option<&TaskDb>,
+        inner: &[u8],
+        from: i64,
+        to: i64,
+    ) -> Result<Entries, StoreError> {
+        let Some(schema) = self.segments.map(|s| s.schema) else {
+            return Ok(Vec::new());
+        };
+        let (lo, hi) = schema.bounds(inner, from, to);
+        let matches = |k: &[u8]| schema.matches(k, inner, from, to);
+        let mut found: BTreeMap<Vec<u8>, Vec<u8>> = match (&self.backend, db) {
+            (Backend::Memory(m), _) => m
+                .map
+                .range(lo.clone()..=hi.clone())
+                .filter(|(k, _)| matches(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            (Backend::Rocks, Some(db)) => {
+                db.fetch(&self.name, inner, from, to)?.into_iter().collect()
+            }
+            (Backend::Rocks, None) => BTreeMap::new(),
+        };
+        self.overlay(&mut found, lo..=hi, matches);
+        Ok(found.into_iter().collect())
+    }
+
+    /// Every window whose time is in `[from, to]`, cache over store, by time then key.
+    pub fn fetch_all(
+        &mut self,
+        db: Option<&TaskDb>,
+        from: i64,
+        to: i64,
+    ) -> Result<Entries, StoreError> {
+        let Some(schema) = self.segments.map(|s| s.schema) else {
+            return Ok(Vec::new());
+        };
+        let in_range = |k: &[u8]| schema.time(k).is_some_and(|t| from <= t && t <= to);
+        let mut found: BTreeMap<Vec<u8>, Vec<u8>> = match (&self.backend, db) {
+            (Backend::Memory(m), _) => m
+                .map
+                .iter()
+                .filter(|(k, _)| in_range(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            (Backend::Rocks, Some(db)) => db.fetch_all(&self.name, from, to)?.into_iter().collect(),
+            (Backend::Rocks, None) => BTreeMap::new(),
+        };
+        self.overlay(&mut found, .., in_range);
+        let mut out: Entries = found.into_iter().collect();
+        out.sort_by_key(|(k, _)| schema.time(k));
+        Ok(out)
+    }
+
+    /// The entries of a key-value store in `[from, to)`, cache over store, in key order.
+    pub fn range(
+        &mut self,
+        db: Option<&TaskDb>,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<Entries, StoreError> {
+        let mut found: BTreeMap<Vec<u8>, Vec<u8>> = match (&self.backend, db) {
+            (Backend::Memory(m), _) => m
+                .map
+                .range(from.to_vec()..to.to_vec())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            (Backend::Rocks, Some(db)) => db
+                .range(&self.name, from, to, usize::MAX)?
+                .into_iter()
+                .collect(),
+            (Backend::Rocks, None) => BTreeMap::new(),
+        };
+        self.overlay(&mut found, from.to_vec()..to.to_vec(), |_| true);
+        Ok(found.into_iter().collect())
+    }
+
+    /// Put the cache's entries in `keys` over what the store holds: its writes and deletes are
+    /// newer.
+    fn overlay(
+        &self,
+        found: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+        keys: impl std::ops::RangeBounds<Vec<u8>>,
+        keep: impl Fn(&[u8]) -> bool,
+    ) {
+        let Some(ordered) = &self.ordered else {
+            return;
+        };
+        for k in ordered.range(keys).filter(|k| keep(k)) {
+            match self.entries.get(k).and_then(|e| e.value.as_ref()) {
+                Some(v) => found.insert(k.clone(), v.clone()),
+                None => found.remove(k),
+            };
+        }
+    }
+
+    /// Put a value (`None` deletes). In an ordered store the entry keeps the largest
+    /// timestamp put since the cache read it, as Kafka Streams' timestamped window stores keep
+    /// the latest record's time in a window: stream time downstream (suppression) then sees
+    /// every record's time even when a late one updates the window last.
     pub fn put(&mut self, key: &[u8], value: Option<Vec<u8>>, timestamp: i64) {
         let add = value.as_ref().map_or(0, Vec::len);
+        self.seq += 1;
+        let (seq, ordered) = (self.seq, self.ordered.is_some());
         match self.entries.get_mut(key) {
             Some(e) => {
+                e.seq = seq;
+                let timestamp = if ordered {
+                    timestamp.max(e.timestamp)
+                } else {
+                    timestamp
+                };
                 self.bytes = self.bytes + add - e.value.as_ref().map_or(0, Vec::len);
                 e.value = value;
                 if !e.dirty {
@@ -122,21 +286,26 @@ impl StoreState {
                 self.bytes += key.len() + add + ENTRY_OVERHEAD;
                 self.dirty_bytes += key.len() + add + ENTRY_OVERHEAD;
                 self.dirty.push(key.to_vec());
+                if let Some(o) = &mut self.ordered {
+                    o.insert(key.to_vec());
+                }
                 self.entries.insert(
                     key.to_vec(),
                     Entry {
                         value,
                         dirty: true,
                         timestamp,
+                        seq,
                     },
                 );
             }
         }
     }
 
-    /// A window starting at `start` was updated: stream time for this store's expiry.
-    pub fn observe(&mut self, start: i64) {
-        self.observed = Some(self.observed.map_or(start, |o| o.max(start)));
+    /// A window whose time (start, or a session's end) is `time` was updated: stream time for
+    /// this store's expiry.
+    pub fn observe(&mut self, time: i64) {
+        self.observed = Some(self.observed.map_or(time, |o| o.max(time)));
     }
 
     /// For a window store that has seen a window: windows starting before this are past
@@ -147,9 +316,9 @@ impl StoreState {
 
     /// Drop expired windows of an in-memory window store (RocksDB ones drop segments).
     pub fn expire_in_memory(&mut self, before: i64) {
-        if let Backend::Memory(m) = &mut self.backend {
+        if let (Backend::Memory(m), Some(seg)) = (&mut self.backend, self.segments) {
             m.map
-                .retain(|k, _| crate::window::split(k).is_none_or(|(_, start)| start >= before));
+                .retain(|k, _| seg.schema.time(k).is_none_or(|time| time >= before));
         }
     }
 
@@ -177,7 +346,14 @@ impl StoreState {
     pub fn take_dirty(&mut self) -> Vec<Dirty> {
         let mut out = Vec::with_capacity(self.dirty.len());
         self.dirty_bytes = 0;
-        for key in std::mem::take(&mut self.dirty) {
+        let mut keys = std::mem::take(&mut self.dirty);
+        // Ordered stores flush in the order of their last updates, as Kafka Streams' cache
+        // does: a window's final update then never reaches a suppression after a record that
+        // came later and closed it.
+        if self.ordered.is_some() {
+            keys.sort_by_key(|k| self.entries.get(k).map_or(0, |e| e.seq));
+        }
+        for key in keys {
             if let Some(e) = self.entries.get_mut(&key) {
                 e.dirty = false;
                 out.push(Dirty {
@@ -204,6 +380,9 @@ impl StoreState {
         if self.bytes > keep {
             self.entries.retain(|_, e| e.dirty);
             self.bytes = self.dirty_bytes;
+            if let Some(o) = &mut self.ordered {
+                o.retain(|k| self.entries.contains_key(k));
+            }
         }
         changes
     }

@@ -196,7 +196,10 @@ mod tests {
     fn ingested_chunks_of_a_window_store_are_read_back_by_window() {
         use crate::window::{Segments, key};
         let res = StateResources::new(8 << 20).expect("resources");
-        let seg = Segments::for_retention(eddy_crds::Duration::from_millis(120_000));
+        let seg = Segments::for_retention(
+            eddy_crds::Duration::from_millis(120_000),
+            crate::window::KeySchema::Window { size: 1_000 },
+        );
         let open = |dir: &Path| {
             let (db, _) = TaskDb::open(&res, dir, &["s".to_string()]).expect("open");
             db.with_segments(&[("s".to_string(), seg)])

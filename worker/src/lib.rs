@@ -38,6 +38,8 @@ pub mod updater;
 pub mod window;
 
 pub use config::{Overrides, WorkerConfig};
-pub use processor::{Context, KeyValueStore, ProcessError, Processor};
+pub use processor::{
+    Context, KeyValueStore, ProcessError, Processor, Punctuation, SessionStore, WindowStore,
+};
 pub use record::{Data, Record};
 pub use runtime::{Status, run};

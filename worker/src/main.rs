@@ -119,9 +119,19 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
             let changelog = eddy_crds::topics::changelog(&cfg.application_id, &st.name);
             match &st.window {
                 Some(w) => println!(
-                    "  window store {} ({}, retention {}) -> {changelog}",
-                    st.name, w.windows, w.retention
+                    "  {} store {} ({}, retention {}) -> {changelog}",
+                    if matches!(w.windows, eddy_worker::window::Windows::Session { .. }) {
+                        "session"
+                    } else {
+                        "window"
+                    },
+                    st.name,
+                    w.windows,
+                    w.retention
                 ),
+                None if st.name.ends_with("-suppress") && st.ordered => {
+                    println!("  suppression buffer {} -> {changelog}", st.name)
+                }
                 None => println!("  store {} -> {changelog}", st.name),
             }
         }

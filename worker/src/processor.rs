@@ -5,7 +5,8 @@
 
 use crate::cache::StoreState;
 use crate::record::Record;
-use crate::store::{StoreError, TaskDb};
+use crate::store::{Entries, StoreError, TaskDb};
+use crate::window::{KeySchema, Window};
 
 /// Why a record could not be processed.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,31 @@ impl ProcessError {
 /// A step of a sub-topology. Implement it to run custom logic with access to the stores.
 pub trait Processor: Send {
     fn process(&mut self, record: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError>;
+
+    /// When [`Self::punctuate`] runs, if ever (Kafka Streams' `ProcessorContext#schedule`).
+    fn schedule(&self) -> Option<Punctuation> {
+        None
+    }
+
+    /// Periodic work, such as summaries or clean-up, as [`Self::schedule`] says: `time` is
+    /// the stream time or wall-clock time (ms since the epoch) it runs for. It reads and
+    /// writes stores, forwards records to the next processor and sends to topics as
+    /// [`Self::process`] does, within the task's transaction under exactly-once.
+    fn punctuate(&mut self, time: i64, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        let _ = (time, ctx);
+        Ok(())
+    }
+}
+
+/// When a processor's `punctuate` runs (Kafka Streams' `PunctuationType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Punctuation {
+    /// As the task's stream time (the largest timestamp of the input records it processed)
+    /// advances: at the first record, then each time it passes another interval. A jump of
+    /// several intervals runs it once; no input, no punctuation.
+    StreamTime(std::time::Duration),
+    /// Every interval of wall-clock time while the task runs, input or not.
+    WallClock(std::time::Duration),
 }
 
 /// Where processors send records destined for a topic.
@@ -91,6 +117,30 @@ impl<'a> Context<'a> {
             .ok_or_else(|| StoreError::Unknown(name.to_string()))?;
         Ok(KeyValueStore { state, db: self.db })
     }
+
+    /// The task's shard of a window store (declared with [`crate::topology::StoreDef::window`]).
+    pub fn window_store(&mut self, name: &str) -> Result<WindowStore<'_>, ProcessError> {
+        let inner = self.store(name)?;
+        match inner.state.segments.map(|s| s.schema) {
+            Some(KeySchema::Window { size }) => Ok(WindowStore { inner, size }),
+            _ => Err(not_a(name, "window")),
+        }
+    }
+
+    /// The task's shard of a session store (declared with [`crate::topology::StoreDef::session`]).
+    pub fn session_store(&mut self, name: &str) -> Result<SessionStore<'_>, ProcessError> {
+        let inner = self.store(name)?;
+        match inner.state.segments.map(|s| s.schema) {
+            Some(KeySchema::Session) => Ok(SessionStore { inner }),
+            _ => Err(not_a(name, "session")),
+        }
+    }
+}
+
+fn not_a(name: &str, kind: &str) -> ProcessError {
+    ProcessError::Fatal(format!(
+        "store {name:?} is not a {kind} store: declare it with StoreDef::{kind}"
+    ))
 }
 
 /// A key-value store as a processor sees it: reads go through the record cache, writes land
@@ -113,9 +163,156 @@ impl KeyValueStore<'_> {
         self.state.put(key, None, timestamp);
     }
 
+    /// The entries with keys in `[from, to)`, in key order. The store must be declared
+    /// `ordered` (see [`crate::topology::StoreDef`]), or entries still in the record cache
+    /// are missed.
+    pub fn range(&mut self, from: &[u8], to: &[u8]) -> Result<Entries, ProcessError> {
+        Ok(self.state.range(self.db, from, to)?)
+    }
+
+    /// In a window or session store: the entries of `inner`'s windows whose time (a window's
+    /// start, a session's end) is in `[from, to]`, with their store keys, in key order.
+    pub(crate) fn fetch(
+        &mut self,
+        inner: &[u8],
+        from: i64,
+        to: i64,
+    ) -> Result<Entries, ProcessError> {
+        Ok(self.state.fetch(self.db, inner, from, to)?)
+    }
+
     /// A window store's window starting at `start` was written: expiry counts the store's
     /// retention back from the latest such start.
     pub fn observe_window(&mut self, start: i64) {
         self.state.observe(start);
+    }
+}
+
+/// A window store as a processor sees it (Kafka Streams' `WindowStore`): values per key and
+/// window start, kept for the store's retention after their start, and fetched by time range.
+pub struct WindowStore<'a> {
+    inner: KeyValueStore<'a>,
+    size: i64,
+}
+
+impl WindowStore<'_> {
+    fn key(&self, key: &[u8], start: i64) -> Vec<u8> {
+        crate::window::key(key, start)
+    }
+
+    /// The value of `key`'s window starting at `start`.
+    pub fn get(&mut self, key: &[u8], start: i64) -> Result<Option<Vec<u8>>, ProcessError> {
+        let k = self.key(key, start);
+        self.inner.get(&k)
+    }
+
+    pub fn put(&mut self, key: &[u8], start: i64, value: &[u8], timestamp: i64) {
+        let k = self.key(key, start);
+        self.inner.put(&k, value, timestamp);
+        self.inner.observe_window(start);
+    }
+
+    pub fn remove(&mut self, key: &[u8], start: i64, timestamp: i64) {
+        let k = self.key(key, start);
+        self.inner.delete(&k, timestamp);
+    }
+
+    /// `key`'s windows starting in `[from, to]`, earliest first.
+    pub fn fetch(
+        &mut self,
+        key: &[u8],
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(Window, Vec<u8>)>, ProcessError> {
+        let schema = KeySchema::Window { size: self.size };
+        Ok(self
+            .inner
+            .fetch(key, from, to)?
+            .into_iter()
+            .filter_map(|(k, v)| schema.split(&k).map(|(_, w)| (w, v)))
+            .collect())
+    }
+
+    /// Every key's windows starting in `[from, to]`: (key, window, value), by time then key.
+    pub fn fetch_all(&mut self, from: i64, to: i64) -> Result<Vec<WindowEntry>, ProcessError> {
+        let schema = KeySchema::Window { size: self.size };
+        Ok(self
+            .inner
+            .state
+            .fetch_all(self.inner.db, from, to)?
+            .into_iter()
+            .filter_map(|(k, v)| schema.split(&k).map(|(inner, w)| (inner.to_vec(), w, v)))
+            .collect())
+    }
+}
+
+/// A key, its window and its value.
+pub type WindowEntry = (Vec<u8>, Window, Vec<u8>);
+
+/// A session store as a processor sees it (Kafka Streams' `SessionStore`): values per key and
+/// session (`start` and `end`, both included), kept for the store's retention after the
+/// session's end.
+pub struct SessionStore<'a> {
+    inner: KeyValueStore<'a>,
+}
+
+impl SessionStore<'_> {
+    /// The value of `key`'s session `[start, end]`.
+    pub fn fetch_session(
+        &mut self,
+        key: &[u8],
+        start: i64,
+        end: i64,
+    ) -> Result<Option<Vec<u8>>, ProcessError> {
+        let k = KeySchema::Session.key(key, Window { start, end });
+        self.inner.get(&k)
+    }
+
+    pub fn put(&mut self, key: &[u8], session: Window, value: &[u8], timestamp: i64) {
+        self.inner
+            .put(&KeySchema::Session.key(key, session), value, timestamp);
+        self.inner.observe_window(session.end);
+    }
+
+    pub fn remove(&mut self, key: &[u8], session: Window, timestamp: i64) {
+        self.inner
+            .delete(&KeySchema::Session.key(key, session), timestamp);
+    }
+
+    /// `key`'s sessions that end at `earliest_end` or later and start at `latest_start` or
+    /// earlier (Kafka Streams' `findSessions`), by end then start.
+    pub fn find_sessions(
+        &mut self,
+        key: &[u8],
+        earliest_end: i64,
+        latest_start: i64,
+    ) -> Result<Vec<(Window, Vec<u8>)>, ProcessError> {
+        Ok(self
+            .inner
+            .fetch(key, earliest_end, i64::MAX)?
+            .into_iter()
+            .filter_map(|(k, v)| KeySchema::Session.split(&k).map(|(_, w)| (w, v)))
+            .filter(|(w, _)| w.start <= latest_start)
+            .collect())
+    }
+
+    /// All of `key`'s sessions.
+    pub fn fetch(&mut self, key: &[u8]) -> Result<Vec<(Window, Vec<u8>)>, ProcessError> {
+        self.find_sessions(key, 0, i64::MAX)
+    }
+
+    /// Every key's sessions ending in `[from, to]`: (key, session, value), by end then key.
+    pub fn fetch_all(&mut self, from: i64, to: i64) -> Result<Vec<WindowEntry>, ProcessError> {
+        Ok(self
+            .inner
+            .state
+            .fetch_all(self.inner.db, from, to)?
+            .into_iter()
+            .filter_map(|(k, v)| {
+                KeySchema::Session
+                    .split(&k)
+                    .map(|(inner, w)| (inner.to_vec(), w, v))
+            })
+            .collect())
     }
 }

@@ -14,7 +14,6 @@
 //! producer, and takes the tasks again from the last commit after a back-off, as often as it
 //! takes. Only errors retrying cannot fix stop the worker ([`RuntimeError::is_recoverable`]).
 
-use crate::cache::StoreState;
 use crate::changelog::{self, TopicError, Topics};
 use crate::collector::{self, Collector, DeliveryError};
 use crate::config::WorkerConfig;
@@ -560,6 +559,16 @@ impl Manager<'_> {
                     break;
                 }
             }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            for t in self
+                .tasks
+                .iter_mut()
+                .filter(|t| t.state == TaskState::Running)
+            {
+                t.punctuate_wall_clock(now)?;
+            }
             // After a broker restart librdkafka can keep a partition's leader unknown for
             // good (its metadata names a broker it no longer has): only a new consumer, made
             // by a recovery, fetches again.
@@ -927,10 +936,7 @@ impl Manager<'_> {
         let started = Instant::now();
         let tasks = &mut self.tasks;
         let dirty: Vec<usize> = (0..tasks.len())
-            .filter(|&i| {
-                tasks[i].next_offset.is_some()
-                    || tasks[i].stores().iter().any(StoreState::has_uncommitted)
-            })
+            .filter(|&i| tasks[i].has_uncommitted())
             .collect();
         if dirty.is_empty() {
             return Ok(false);

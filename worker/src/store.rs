@@ -154,6 +154,9 @@ pub struct TaskDb {
     sst_options: Options,
 }
 
+/// Keys and values read by range, in key order.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// A change to apply at commit: `None` deletes the key.
 pub struct Change<'a> {
     pub key: &'a [u8],
@@ -281,7 +284,11 @@ impl TaskDb {
         for (store, seg) in stores {
             let key = [SEGMENTS_PREFIX, store.as_bytes()].concat();
             let had = self.rocks(self.db.get_cf(meta, &key))?;
-            let want = seg.interval.to_be_bytes();
+            // The interval, and a marker for sessions, whose keys are laid out differently.
+            let mut want = seg.interval.to_be_bytes().to_vec();
+            if seg.schema == crate::window::KeySchema::Session {
+                want.push(1);
+            }
             if had.as_deref() != Some(&want[..]) {
                 if had.is_some() && self.clear_into(&mut batch, store)? {
                     batch.delete_cf(meta, checkpoint_key(store));
@@ -293,7 +300,7 @@ impl TaskDb {
                     batch.delete_cf(meta, checkpoint_key(store));
                     cleared.push(store.clone());
                 }
-                batch.put_cf(meta, &key, want);
+                batch.put_cf(meta, &key, &want);
             }
         }
         self.rocks(self.db.write_opt(batch, &self.write))?;
@@ -372,6 +379,100 @@ impl TaskDb {
     pub fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let cf = self.cf(store)?;
         self.rocks(self.db.get_cf(cf, self.db_key(store, key)))
+    }
+
+    /// The windows of `inner` in a window or session store whose time (a window's start, a
+    /// session's end) is in `[from, to]`, in key order, with their changelog keys. Reads the
+    /// segments that hold any, seeking from one to the next.
+    pub fn fetch(
+        &self,
+        store: &str,
+        inner: &[u8],
+        from: i64,
+        to: i64,
+    ) -> Result<Entries, StoreError> {
+        let seg = *self
+            .segments
+            .get(store)
+            .ok_or_else(|| StoreError::Unknown(format!("{store} (not a window store)")))?;
+        let (lo, hi) = seg.schema.bounds(inner, from, to);
+        let (first, last) = (seg.segment(from), seg.segment(to));
+        let mut out = Vec::new();
+        let mut it = self.db.raw_iterator_cf(self.cf(store)?);
+        let mut segment = first;
+        while segment <= last {
+            it.seek([&Segments::prefix(segment)[..], &lo].concat());
+            segment = loop {
+                let Some(k) = it.key() else {
+                    break i64::MAX;
+                };
+                match Segments::segment_of(k) {
+                    // A later segment holds keys: go on from there.
+                    Some(s) if s != segment => break s,
+                    Some(_) => {}
+                    None => break i64::MAX,
+                }
+                let key = seg.changelog_key(k);
+                if key > hi.as_slice() {
+                    break segment + 1;
+                }
+                if seg.schema.matches(key, inner, from, to)
+                    && let Some(v) = it.value()
+                {
+                    out.push((key.to_vec(), v.to_vec()));
+                }
+                it.next();
+            };
+        }
+        self.rocks(it.status())?;
+        Ok(out)
+    }
+
+    /// Every window of a window or session store whose time is in `[from, to]`, with its
+    /// changelog key, in segment then key order.
+    pub fn fetch_all(&self, store: &str, from: i64, to: i64) -> Result<Entries, StoreError> {
+        let seg = *self
+            .segments
+            .get(store)
+            .ok_or_else(|| StoreError::Unknown(format!("{store} (not a window store)")))?;
+        let end = Segments::prefix(seg.segment(to).saturating_add(1));
+        let mut it = self.db.raw_iterator_cf(self.cf(store)?);
+        it.seek(Segments::prefix(seg.segment(from)));
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if k >= &end[..] {
+                break;
+            }
+            let key = seg.changelog_key(k);
+            if seg.schema.time(key).is_some_and(|t| from <= t && t <= to) {
+                out.push((key.to_vec(), v.to_vec()));
+            }
+            it.next();
+        }
+        self.rocks(it.status())?;
+        Ok(out)
+    }
+
+    /// The keys and values of a key-value store in `[from, to)`, in key order, at most `limit`.
+    pub fn range(
+        &self,
+        store: &str,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Entries, StoreError> {
+        let mut it = self.db.raw_iterator_cf(self.cf(store)?);
+        it.seek(from);
+        let mut out = Vec::new();
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if k >= to || out.len() >= limit {
+                break;
+            }
+            out.push((k.to_vec(), v.to_vec()));
+            it.next();
+        }
+        self.rocks(it.status())?;
+        Ok(out)
     }
 
     /// The changelog offset this store's data reflects (next offset to read), if any.
@@ -809,7 +910,10 @@ mod tests {
         use crate::window::{Segments, key};
         let dir = tempfile::tempdir().expect("tempdir");
         let res = StateResources::new(8 << 20).expect("resources");
-        let seg = Segments::for_retention(eddy_crds::Duration::from_millis(120_000));
+        let seg = Segments::for_retention(
+            eddy_crds::Duration::from_millis(120_000),
+            crate::window::KeySchema::Window { size: 1_000 },
+        );
         let open = |seg: Segments| {
             let (db, _) = TaskDb::open(&res, dir.path(), &names(&["w"])).expect("open");
             db.with_segments(&[("w".to_string(), seg)])
@@ -845,9 +949,10 @@ mod tests {
             assert_eq!(db.checkpoint("w").expect("read"), Some(2));
         }
         // Another retention lays keys out in other segments: the store restores from scratch.
-        let (db, cleared) = open(Segments::for_retention(eddy_crds::Duration::from_millis(
-            86_400_000,
-        )));
+        let (db, cleared) = open(Segments::for_retention(
+            eddy_crds::Duration::from_millis(86_400_000),
+            crate::window::KeySchema::Window { size: 1_000 },
+        ));
         assert_eq!(cleared, names(&["w"]));
         assert_eq!(db.checkpoint("w").expect("read"), None);
         assert_eq!(db.get("w", &key(b"k", 250_000)).expect("get"), None);
@@ -861,5 +966,101 @@ mod tests {
             .err()
             .expect("refused");
         assert!(matches!(err, StoreError::Reserved(_)), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::*;
+    use crate::window::{KeySchema, Segments, Window};
+
+    /// Window and session stores are read by key and time range across segments, skipping
+    /// keys that merely start with the same bytes.
+    #[test]
+    fn fetch_reads_a_keys_windows_across_segments_and_fetch_all_every_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        let stores = vec!["w".to_string(), "s".to_string()];
+        let retention = eddy_crds::Duration::from_millis(600_000);
+        let (db, _) = TaskDb::open(&res, dir.path(), &stores).expect("open");
+        let win = Segments::for_retention(retention, KeySchema::Window { size: 10 });
+        let ses = Segments::for_retention(retention, KeySchema::Session);
+        let (db, _) = db
+            .with_segments(&[("w".into(), win), ("s".into(), ses)])
+            .expect("segments");
+        assert_eq!(win.interval, 300_000);
+        let w = |k: &str, start: i64| crate::window::key(k.as_bytes(), start);
+        let s = |k: &str, start: i64, end: i64| {
+            KeySchema::Session.key(k.as_bytes(), Window { start, end })
+        };
+        let keys = [
+            ("w", w("a", 100)),
+            ("w", w("a", 400_000)),
+            ("w", w("a", 900_000)),
+            ("w", w("ab", 400_000)),
+            ("w", w("b", 200)),
+            ("s", s("a", 0, 1_000)),
+            ("s", s("a", 350_000, 700_000)),
+            ("s", s("ab", 0, 700_000)),
+        ];
+        db.write(
+            keys.iter().map(|(st, k)| {
+                (
+                    *st,
+                    Change {
+                        key: k,
+                        value: Some(b"v"),
+                    },
+                )
+            }),
+            [],
+        )
+        .expect("write");
+        let starts = |v: Entries| -> Vec<i64> {
+            v.iter()
+                .map(|(k, _)| crate::window::split(k).expect("key").1)
+                .collect()
+        };
+        assert_eq!(
+            starts(db.fetch("w", b"a", 0, i64::MAX).expect("fetch")),
+            [100, 400_000, 900_000]
+        );
+        assert_eq!(
+            starts(db.fetch("w", b"a", 101, 900_000).expect("fetch")),
+            [400_000, 900_000]
+        );
+        assert_eq!(starts(db.fetch("w", b"b", 0, 1_000).expect("fetch")), [200]);
+        let all = db.fetch_all("w", 0, 400_000).expect("fetch_all");
+        assert_eq!(all.len(), 4, "a@100, b@200, a@400000, ab@400000");
+        // Sessions are segmented and fetched by their end.
+        let ends: Vec<Window> = db
+            .fetch("s", b"a", 1_000, i64::MAX)
+            .expect("fetch")
+            .iter()
+            .map(|(k, _)| KeySchema::Session.split(k).expect("session").1)
+            .collect();
+        assert_eq!(
+            ends,
+            [
+                Window {
+                    start: 0,
+                    end: 1_000
+                },
+                Window {
+                    start: 350_000,
+                    end: 700_000
+                }
+            ]
+        );
+        assert_eq!(
+            db.fetch("s", b"a", 1_001, i64::MAX).expect("fetch").len(),
+            1
+        );
+        assert_eq!(
+            db.fetch_all("s", 700_000, 700_000)
+                .expect("fetch_all")
+                .len(),
+            2
+        );
     }
 }

@@ -7,7 +7,7 @@ use crate::cache::{Backend, Changes, StoreState};
 use crate::collector::{Collector, Slot, dead_letter_headers};
 use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, OutcomeLabels, StoreLabels, TaskLabels, TaskStateLabel};
-use crate::processor::{Context, ProcessError, Processor};
+use crate::processor::{Context, ProcessError, Processor, Punctuation};
 use crate::record::{Data, Origin, Record};
 use crate::store::{Change, MemoryStore, Reconciled, StateResources, StoreError, TaskDb};
 use crate::topology::SubTopology;
@@ -76,6 +76,13 @@ pub struct Task {
     labels: TaskLabels,
     /// This task's `records_processed` counter, looked up once instead of per record.
     processed: Counter,
+    /// The largest timestamp of the input records processed (Kafka Streams' partition time).
+    stream_time: Option<i64>,
+    /// Processors that asked for punctuation: index, schedule, and when it is next due.
+    punctuators: Vec<(usize, Punctuation, Option<i64>)>,
+    /// A punctuation ran since the last commit: what it sent must be committed (under
+    /// exactly-once its transaction would otherwise stay open while no input comes).
+    punctuated: bool,
 }
 
 impl Task {
@@ -146,17 +153,7 @@ impl Task {
                 } else {
                     Backend::Rocks
                 };
-                let mut s = StoreState::new(
-                    &d.name,
-                    topics::changelog(&cfg.application_id, &d.name),
-                    backend,
-                    d.key_format,
-                    d.value_format,
-                );
-                s.forward_to = d.forward_to;
-                s.windows = d.window.map(|w| w.windows);
-                s.segments = d.window.map(|w| Segments::for_retention(w.retention));
-                s
+                StoreState::for_def(d, topics::changelog(&cfg.application_id, &d.name), backend)
             })
             .collect::<Vec<_>>();
         let slots = stores.iter().map(|_| collector.track()).collect();
@@ -166,13 +163,22 @@ impl Task {
                 task: id.to_string(),
             })
             .clone();
+        let processors: Vec<Box<dyn Processor>> = sub.processors.iter().map(|p| p()).collect();
+        let punctuators = processors
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.schedule().map(|s| (i, s, None)))
+            .collect();
         let task = Task {
+            stream_time: None,
+            punctuators,
+            punctuated: false,
             id,
             input_topic: sub.source.topic.clone(),
             key_format: sub.source.key_format,
             value_format: sub.source.value_format,
             state: TaskState::Created,
-            processors: sub.processors.iter().map(|p| p()).collect(),
+            processors,
             stores,
             slots,
             db,
@@ -236,6 +242,10 @@ impl Task {
         self.handle(result, origin)?;
         self.next_offset = Some(origin.offset + 1);
         self.processed.inc();
+        if self.stream_time.is_none_or(|t| timestamp > t) {
+            self.stream_time = Some(timestamp);
+            self.punctuate(|p| matches!(p, Punctuation::StreamTime(_)), timestamp)?;
+        }
         if self
             .stores
             .iter()
@@ -244,6 +254,62 @@ impl Task {
             > self.cache_share
         {
             self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Something happened since the last commit: input processed, stores changed, or a
+    /// punctuation ran.
+    pub fn has_uncommitted(&self) -> bool {
+        self.next_offset.is_some()
+            || self.punctuated
+            || self.stores.iter().any(StoreState::has_uncommitted)
+    }
+
+    /// Run the wall-clock punctuations due at `now` (ms since the epoch).
+    pub fn punctuate_wall_clock(&mut self, now: i64) -> Result<(), TaskError> {
+        self.punctuate(|p| matches!(p, Punctuation::WallClock(_)), now)
+    }
+
+    /// Run the punctuators of a kind that are due at `time`: the first time at once, then
+    /// every interval; a jump over several intervals runs them once.
+    fn punctuate(
+        &mut self,
+        kind: impl Fn(&Punctuation) -> bool,
+        time: i64,
+    ) -> Result<(), TaskError> {
+        for n in 0..self.punctuators.len() {
+            let (i, schedule, next) = self.punctuators[n];
+            if !kind(&schedule) || next.is_some_and(|t| time < t) {
+                continue;
+            }
+            let interval = match schedule {
+                Punctuation::StreamTime(d) | Punctuation::WallClock(d) => {
+                    (d.as_millis() as i64).max(1)
+                }
+            };
+            let due = next.unwrap_or(time);
+            let skipped = (time - due) / interval;
+            self.punctuators[n].2 = Some(due + (skipped + 1) * interval);
+            let mut out = Vec::new();
+            let mut ctx = Context {
+                stores: &mut self.stores,
+                db: self.db.as_ref(),
+                sink: &mut self.collector,
+                out: &mut out,
+            };
+            self.punctuated = true;
+            let mut result = self.processors[i].punctuate(time, &mut ctx);
+            for r in out {
+                if result.is_err() {
+                    break;
+                }
+                result = self.run(i + 1, r);
+            }
+            result.map_err(|source| TaskError::Process {
+                task: self.id,
+                source,
+            })?;
         }
         Ok(())
     }
@@ -354,10 +420,7 @@ impl Task {
         while self.stores.iter().any(StoreState::has_dirty) {
             for i in 0..self.stores.len() {
                 let dirty = self.stores[i].take_dirty();
-                let (kf, vf, fwd, windows) = {
-                    let s = &self.stores[i];
-                    (s.key_format, s.value_format, s.forward_to, s.windows)
-                };
+                let fwd = self.stores[i].forward_to;
                 for d in dirty {
                     let s = &self.stores[i];
                     self.collector
@@ -383,15 +446,7 @@ impl Task {
                             key: Some(&d.key),
                             value: d.value.as_deref(),
                         };
-                        let value = d.value.as_deref().map(|v| Data::raw(v, vf));
-                        // A window store's key is the inner key and the window's start.
-                        let record = match (&windows, crate::window::split(&d.key)) {
-                            (Some(w), Some((inner, start))) => Record {
-                                window: Some(w.at(start)),
-                                ..Record::new(Some(Data::raw(inner, kf)), value, d.timestamp)
-                            },
-                            _ => Record::new(Some(Data::raw(&d.key, kf)), value, d.timestamp),
-                        };
+                        let record = self.stores[i].downstream(&d);
                         let result = self.run(f, record);
                         self.handle(result, &origin)?;
                     }
@@ -459,6 +514,7 @@ impl Task {
             source,
         })?;
         self.next_offset = None;
+        self.punctuated = false;
         Ok(())
     }
 
@@ -519,9 +575,6 @@ pub fn window_segments(sub: &SubTopology) -> Vec<(String, Segments)> {
     sub.stores
         .iter()
         .filter(|s| !s.in_memory)
-        .filter_map(|s| {
-            s.window
-                .map(|w| (s.name.clone(), Segments::for_retention(w.retention)))
-        })
+        .filter_map(|s| s.window.map(|w| (s.name.clone(), w.segments())))
         .collect()
 }

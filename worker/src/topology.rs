@@ -5,7 +5,7 @@
 use crate::expr::{Expr, ExprError};
 use crate::processor::Processor;
 use crate::steps;
-use crate::window::TimeWindows;
+use crate::window::{Segments, Windows};
 use eddy_crds::spec::AppSpec;
 use eddy_crds::step::Step;
 use eddy_crds::{Format, topics};
@@ -33,18 +33,89 @@ pub struct StoreDef {
     pub value_format: Format,
     /// Index of the processor that receives the store's updates when the cache flushes.
     pub forward_to: Option<usize>,
-    /// Set for a window store: its windows and how long it keeps them.
+    /// Set for a window or session store: its windows and how long it keeps them.
     pub window: Option<WindowDef>,
+    /// Read by range (`KeyValueStore::range`): the record cache keeps its keys in order.
+    /// Window stores always do.
+    pub ordered: bool,
 }
 
-/// What makes a store a window store.
+/// What makes a store a window or session store.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WindowDef {
-    pub windows: TimeWindows,
+    pub windows: Windows,
     pub retention: eddy_crds::Duration,
 }
 
+impl WindowDef {
+    /// How the store is cut into segments on disk.
+    pub fn segments(&self) -> Segments {
+        Segments::for_retention(self.retention, self.windows.schema())
+    }
+}
+
 impl StoreDef {
+    /// A key-value store for custom processors (in RocksDB, changelogged, not forwarding its
+    /// updates anywhere).
+    pub fn key_value(name: &str, key_format: Format, value_format: Format) -> Self {
+        Self {
+            name: name.to_string(),
+            in_memory: false,
+            key_format,
+            value_format,
+            forward_to: None,
+            window: None,
+            ordered: false,
+        }
+    }
+
+    /// A window store of windows of `size`, each kept `retention` after its start
+    /// ([`crate::processor::Context::window_store`]).
+    pub fn window(
+        name: &str,
+        key_format: Format,
+        value_format: Format,
+        size: eddy_crds::Duration,
+        retention: eddy_crds::Duration,
+    ) -> Self {
+        let windows = Windows::Time(crate::window::TimeWindows::new(
+            size,
+            size,
+            eddy_crds::Duration::ZERO,
+        ));
+        Self {
+            window: Some(WindowDef { windows, retention }),
+            ..Self::key_value(name, key_format, value_format)
+        }
+    }
+
+    /// A session store, each session kept `retention` after its end
+    /// ([`crate::processor::Context::session_store`]).
+    pub fn session(
+        name: &str,
+        key_format: Format,
+        value_format: Format,
+        retention: eddy_crds::Duration,
+    ) -> Self {
+        let windows = Windows::Session { gap: 1, grace: 0 };
+        Self {
+            window: Some(WindowDef { windows, retention }),
+            ..Self::key_value(name, key_format, value_format)
+        }
+    }
+
+    /// Keep it in memory, restored in full from its changelog at every start.
+    pub fn in_memory(mut self) -> Self {
+        self.in_memory = true;
+        self
+    }
+
+    /// Read by range ([`crate::processor::KeyValueStore::range`]).
+    pub fn ordered(mut self) -> Self {
+        self.ordered = true;
+        self
+    }
+
     /// The store's kind, as its changelog's configuration follows it.
     pub fn kind(&self) -> eddy_crds::StoreKind {
         match self.window {
@@ -128,6 +199,8 @@ pub enum TopologyError {
     NoSource,
     #[error("topology[{step}].window: {message}")]
     Window { step: usize, message: String },
+    #[error("topology[{step}].suppress: suppress comes right after a windowed aggregation")]
+    Suppress { step: usize },
 }
 
 /// The application's sub-topologies, in data-flow order.
@@ -173,6 +246,8 @@ impl Topology {
         // The window the next aggregation is per, and whether keys are windowed results.
         let mut window: Option<WindowDef> = None;
         let mut windowed = false;
+        // The last windowed aggregation: its store, memory choice and windows (for suppress).
+        let mut last_windowed: Option<(String, bool, Windows)> = None;
         for (i, step) in spec.topology.iter().enumerate().skip(1) {
             let fold = match step {
                 Step::From(_) => return Err(TopologyError::NoSource),
@@ -216,17 +291,46 @@ impl Topology {
                     subs.push(std::mem::replace(&mut cur, next));
                     kf = key_format;
                     windowed = false;
+                    last_windowed = None;
                     continue;
                 }
                 Step::Window(w) => {
                     let bad = |message| TopologyError::Window { step: i, message };
                     window = Some(WindowDef {
-                        windows: TimeWindows::new(w.kind().map_err(bad)?, w.grace),
+                        windows: Windows::new(w.kind().map_err(bad)?, w.grace),
                         retention: w.retention().map_err(bad)?,
                     });
                     continue;
                 }
+                Step::Suppress(_) => {
+                    let Some((agg_store, in_memory, windows)) = last_windowed.clone() else {
+                        return Err(TopologyError::Suppress { step: i });
+                    };
+                    let buffer = eddy_crds::step::suppress_store(&agg_store);
+                    let (name, key_format, value_format) = (buffer.clone(), kf, vf);
+                    cur = cur.processor(move || {
+                        Box::new(steps::suppress::Suppress::new(
+                            name.clone(),
+                            windows.schema(),
+                            windows.close_after_end(),
+                            key_format,
+                            value_format,
+                        ))
+                    });
+                    cur = cur.store(StoreDef {
+                        name: buffer,
+                        in_memory,
+                        key_format: Format::Bytes,
+                        value_format: Format::Bytes,
+                        forward_to: None,
+                        window: None,
+                        ordered: true,
+                    });
+                    continue;
+                }
                 Step::To(to) => {
+                    let session =
+                        matches!(last_windowed, Some((_, _, Windows::Session { .. }))) && windowed;
                     let (topic, inner_key_format, value_format) =
                         (to.topic.clone(), kf, to.value.unwrap_or(vf));
                     let key_format = to
@@ -238,6 +342,7 @@ impl Topology {
                             key_format,
                             inner_key_format,
                             value_format,
+                            session,
                         })
                     });
                     cur = cur.sink(&to.topic);
@@ -251,6 +356,10 @@ impl Topology {
                     steps::Fold::Aggregate {
                         initial: compile(i, &a.initial, &steps::VARS)?,
                         add: compile(i, &a.add, &steps::AGG_VARS)?,
+                        merge: match &a.merge {
+                            Some(m) => Some(compile(i, m, &steps::MERGE_VARS)?),
+                            None => None,
+                        },
                     },
                 ),
                 // A reduce keeps the values' format.
@@ -267,12 +376,31 @@ impl Topology {
             let (store, in_memory, value_format, fold) = fold;
             let (key_format, name, def) = (kf, store.clone(), window.take());
             windowed = def.is_some();
-            cur = match def {
-                Some(def) => cur.processor(move || {
+            last_windowed = def.map(|d| (store.clone(), in_memory, d.windows));
+            cur = match def.map(|d| d.windows) {
+                Some(Windows::Time(windows)) => cur.processor(move || {
                     Box::new(steps::window::WindowedAggregation::new(
                         name.clone(),
                         key_format,
-                        def.windows,
+                        windows,
+                        fold.clone(),
+                    ))
+                }),
+                Some(Windows::Sliding { size, grace }) => cur.processor(move || {
+                    Box::new(steps::sliding::SlidingAggregation::new(
+                        name.clone(),
+                        key_format,
+                        size,
+                        grace,
+                        fold.clone(),
+                    ))
+                }),
+                Some(Windows::Session { gap, grace }) => cur.processor(move || {
+                    Box::new(steps::session::SessionAggregation::new(
+                        name.clone(),
+                        key_format,
+                        gap,
+                        grace,
                         fold.clone(),
                     ))
                 }),
@@ -293,6 +421,7 @@ impl Topology {
                 value_format,
                 forward_to,
                 window: def,
+                ordered: false,
             });
             vf = value_format;
         }
@@ -435,7 +564,7 @@ mod tests {
         let def = &sub.stores[0];
         let w = def.window.expect("a window store");
         assert_eq!(w.windows.to_string(), "tumbling 10s, grace 5s");
-        assert_eq!(w.retention, eddy_crds::Duration::from_millis(86_400_000));
+        assert_eq!(w.retention, eddy_crds::Duration::from_millis(15_000));
         let mut store = StoreState::new(
             "failures",
             "x-failures-changelog".into(),
@@ -443,7 +572,7 @@ mod tests {
             def.key_format,
             def.value_format,
         );
-        store.windows = Some(w.windows);
+        store.segments = Some(w.segments());
         let mut procs: Vec<_> = sub.processors.iter().map(|p| p()).collect();
         let mut counts = Vec::new();
         for (user, at) in [
@@ -474,13 +603,14 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
             for d in store.take_dirty() {
-                let (inner, start) = crate::window::split(&d.key).expect("window key");
+                let (inner, window) = w.windows.schema().split(&d.key).expect("window key");
+                let start = window.start;
                 let n = i64::from_be_bytes(
                     d.value.clone().expect("count").try_into().expect("8 bytes"),
                 );
                 counts.push((String::from_utf8_lossy(inner).to_string(), start, n));
                 let r = Record {
-                    window: Some(w.windows.at(start)),
+                    window: Some(window),
                     ..Record::new(
                         Some(Data::raw(inner, Format::String)),
                         d.value.as_deref().map(|v| Data::raw(v, Format::I64)),
@@ -536,22 +666,22 @@ mod tests {
         let w = Window { start: 10, end: 20 };
         let k = Data::raw(b"u1", Format::String);
         assert_eq!(
-            encode_key(Format::Json, &k, Format::String, w).expect("json"),
+            encode_key(Format::Json, &k, Format::String, w, false).expect("json"),
             br#"{"key":"u1","start":10,"end":20}"#
         );
         assert_eq!(
-            encode_key(Format::String, &k, Format::String, w).expect("string"),
+            encode_key(Format::String, &k, Format::String, w, false).expect("string"),
             b"[u1@10/20]"
         );
         let n = Data::raw(&7i64.to_be_bytes(), Format::I64);
         let mut expected = 7i64.to_be_bytes().to_vec();
         expected.extend_from_slice(&10i64.to_be_bytes());
         assert_eq!(
-            encode_key(Format::Windowed, &n, Format::I64, w).expect("windowed"),
+            encode_key(Format::Windowed, &n, Format::I64, w, false).expect("windowed"),
             expected
         );
         assert_eq!(
-            encode_key(Format::String, &n, Format::I64, w).expect("string"),
+            encode_key(Format::String, &n, Format::I64, w, false).expect("string"),
             b"[7@10/20]"
         );
     }

@@ -2,6 +2,11 @@
 //! `$key` the key, `$ts` the timestamp, `$window` the record's window (`{start, end}`, null
 //! outside a window) and, in `aggregate.add` and `reduce.with`, `$agg` the current aggregate.
 
+#[cfg(test)]
+pub(crate) mod driver;
+pub mod session;
+pub mod sliding;
+pub mod suppress;
 pub mod window;
 
 use crate::expr::{Expr, Input, Val, as_i64, from_i64, truthy};
@@ -26,6 +31,8 @@ fn vars(r: &Record) -> Result<[Val; 3], ProcessError> {
 pub const VARS: [&str; 3] = ["key", "ts", "window"];
 /// [`VARS`] and the current aggregate.
 pub const AGG_VARS: [&str; 4] = ["key", "ts", "window", "agg"];
+/// [`AGG_VARS`] and the other session's aggregate (`aggregate.merge`).
+pub const MERGE_VARS: [&str; 5] = ["key", "ts", "window", "agg", "other"];
 
 /// `$window`: `{start, end}` of a windowed result, null otherwise.
 fn window_val(r: &Record) -> Val {
@@ -75,8 +82,18 @@ fn one(e: &Expr, value: &Option<Data>, vars: &[Val]) -> Result<Val, ProcessError
 
 pub struct Filter(pub Expr);
 
+/// A windowed result without a value says a session is gone (merged into another): it
+/// passes `filter` and `map` as it is, as Kafka Streams' table operations pass tombstones.
+fn removed_window(r: &Record) -> bool {
+    r.window.is_some() && r.value.is_none()
+}
+
 impl Processor for Filter {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        if removed_window(&r) {
+            ctx.forward(r);
+            return Ok(());
+        }
         let vars = vars(&r)?;
         let keep = match fast(&self.0, &r.value, &vars) {
             Some(v) => truthy(&v),
@@ -98,6 +115,10 @@ pub struct Map(pub Expr);
 
 impl Processor for Map {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        if removed_window(&r) {
+            ctx.forward(r);
+            return Ok(());
+        }
         for v in self
             .0
             .run(val_of(&r.value)?, &vars(&r)?)
@@ -156,8 +177,13 @@ pub(crate) fn key_bytes(r: &Record, format: Format) -> Result<Option<Vec<u8>>, P
 pub enum Fold {
     /// The number of records, as an 8-byte big-endian long.
     Count,
-    /// `initial` for the first record, then `add` with `$agg` the current aggregate (JSON).
-    Aggregate { initial: Expr, add: Expr },
+    /// `initial` for the first record, then `add` with `$agg` the current aggregate (JSON);
+    /// sessions combine with `merge` (`$agg` and `$other`).
+    Aggregate {
+        initial: Expr,
+        add: Expr,
+        merge: Option<Expr>,
+    },
     /// The first value as it is, then `with` of `$agg` and the new value, in `format`.
     Reduce { with: Expr, format: Format },
 }
@@ -165,7 +191,7 @@ pub enum Fold {
 impl Fold {
     /// The new stored bytes after `r`, given the old ones. `window` is the record's window
     /// in a windowed aggregation (`$window` in the expressions).
-    fn apply(
+    pub(crate) fn apply(
         &self,
         store: &str,
         old: Option<Vec<u8>>,
@@ -185,7 +211,7 @@ impl Fold {
                 };
                 Ok((n + 1).to_be_bytes().to_vec())
             }
-            Fold::Aggregate { initial, add } => {
+            Fold::Aggregate { initial, add, .. } => {
                 let (k, ts) = (val_of(&r.key)?, from_i64(r.timestamp));
                 let agg = match old {
                     Some(b) => format::decode(Format::Json, &b)
@@ -211,6 +237,65 @@ impl Fold {
                     with,
                     &r.value,
                     &[val_of(&r.key)?, from_i64(r.timestamp), window, agg],
+                )?;
+                format::encode(*format, &new).map_err(ProcessError::bad)
+            }
+        }
+    }
+}
+
+impl Fold {
+    /// Combine what a session store holds for a session a record bridges (`other`) into
+    /// the aggregate so far (`None`: nothing yet). As Kafka Streams' session aggregation, an
+    /// `aggregate` starts from `initial` of the record, then merges each session in turn;
+    /// counts add; a reduce combines the two values with `with`.
+    pub(crate) fn merge(
+        &self,
+        store: &str,
+        agg: Option<Vec<u8>>,
+        other: &[u8],
+        r: &Record,
+        window: Val,
+    ) -> Result<Vec<u8>, ProcessError> {
+        let corrupt = |what: &str| ProcessError::Fatal(format!("store {store:?} holds {what}"));
+        let count = |b: &[u8]| {
+            <[u8; 8]>::try_from(b)
+                .map(i64::from_be_bytes)
+                .map_err(|_| corrupt("a count that is not 8 bytes"))
+        };
+        match self {
+            Fold::Count => {
+                let a = agg.as_deref().map_or(Ok(0), count)?;
+                Ok((a + count(other)?).to_be_bytes().to_vec())
+            }
+            Fold::Aggregate { initial, merge, .. } => {
+                let merge = merge.as_ref().ok_or_else(|| {
+                    ProcessError::Fatal(format!(
+                        "store {store:?}: a session aggregate without merge"
+                    ))
+                })?;
+                let (k, ts) = (val_of(&r.key)?, from_i64(r.timestamp));
+                let a = match agg {
+                    Some(b) => format::decode(Format::Json, &b)
+                        .map_err(|e| corrupt(&format!("bad JSON: {e}")))?,
+                    None => one(initial, &r.value, &[k.clone(), ts.clone(), window.clone()])?,
+                };
+                let o = format::decode(Format::Json, other)
+                    .map_err(|e| corrupt(&format!("bad JSON: {e}")))?;
+                let new = one(merge, &r.value, &[k, ts, window, a, o])?;
+                format::encode(Format::Json, &new).map_err(ProcessError::bad)
+            }
+            Fold::Reduce { with, format } => {
+                let Some(a) = agg else {
+                    return Ok(other.to_vec());
+                };
+                let a = format::decode(*format, &a)
+                    .map_err(|e| corrupt(&format!("a value that is not {format:?}: {e}")))?;
+                let o = Some(Data::raw(other, *format));
+                let new = one(
+                    with,
+                    &o,
+                    &[val_of(&r.key)?, from_i64(r.timestamp), window, a],
                 )?;
                 format::encode(*format, &new).map_err(ProcessError::bad)
             }
@@ -261,6 +346,9 @@ pub struct To {
     pub key_format: Format,
     /// A windowed key's inner key format (the key's format before the window).
     pub inner_key_format: Format,
+    /// Windowed keys are sessions (written `windowed` with their end, as Kafka Streams'
+    /// `SessionWindowedSerializer`).
+    pub session: bool,
     pub value_format: Format,
 }
 
@@ -268,8 +356,14 @@ impl Processor for To {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
         let key = match (&r.key, r.window) {
             (Some(k), Some(w)) => Some(std::borrow::Cow::Owned(
-                crate::window::encode_key(self.key_format, k, self.inner_key_format, w)
-                    .map_err(ProcessError::bad)?,
+                crate::window::encode_key(
+                    self.key_format,
+                    k,
+                    self.inner_key_format,
+                    w,
+                    self.session,
+                )
+                .map_err(ProcessError::bad)?,
             )),
             (Some(k), None) => Some(k.to_bytes(self.key_format).map_err(ProcessError::bad)?),
             (None, _) => None,
