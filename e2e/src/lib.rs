@@ -12,6 +12,8 @@ pub mod prometheus;
 
 pub mod compare;
 
+pub mod windowed;
+
 pub mod curve;
 
 pub mod report;

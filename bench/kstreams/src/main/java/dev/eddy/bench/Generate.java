@@ -43,7 +43,7 @@ public final class Generate {
         "    value = {\"user\":\"u<j>\",\"ts\":<event ms>,\"amount\":<1..100>,\"seq\":<n>,\"kind\":\"in-order|jitter|late|bridge\"}",
         "    event time starts at --base-ms (1700000000000) and advances by a uniform step of mean",
         "    --mean-gap-ms/K per record (so a key recurs every ~4 s); 20% of records are up to 1.5 s",
-        "    behind (jitter), 1% are 40-90 s behind (late), 1% fall in the middle of a key's recent",
+        "    behind (jitter), 1% are 40-54 s behind (late), 1% fall in the middle of a key's recent",
         "    silence of --session-gap-ms to 2x that (bridge two sessions).",
         "    [--base-ms MS] [--mean-gap-ms MS (4000)] [--session-gap-ms MS (5000)]");
 
@@ -140,7 +140,9 @@ public final class Generate {
             long ts = clock;
             String name = "in-order";
             if (kind < 10) {
-                ts = clock - 40_000 - rnd.nextInt(50_000);
+                // 40-54 s behind: later than every case's size + grace (35 s at most), and
+                // younger than the 1 min retention, so the stores never hide what it could merge with.
+                ts = clock - 40_000 - rnd.nextInt(14_000);
                 name = "late";
             } else if (kind < 20 && bridgeable()) {
                 final long[] s = silences.pollLast();
