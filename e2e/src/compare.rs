@@ -748,32 +748,9 @@ fn run_all(
             // Kafka Streams
             eprintln!("{label}: Kafka Streams");
             let kdir = tempfile::tempdir()?;
-            let common = vec![
-                "--bootstrap".to_string(),
-                bs.to_string(),
-                "--app-id".into(),
-                ks_app.clone(),
-                "--case".into(),
-                case.name().into(),
-                "--guarantee".into(),
-                g.kstreams().into(),
-                "--input".into(),
-                input.to_string(),
-                "--output".into(),
-                ks_out.clone(),
-                "--state-dir".into(),
-                kdir.path().join("state").display().to_string(),
-                "--config".into(),
-                format!("num.stream.threads={EDDY_PROCESSING_THREADS}"),
-            ];
+            let common = kstreams_args(bs, case, g, input, &ks_app, &ks_out, kdir.path());
             let mut args = common.clone();
-            args.extend([
-                "--expect".into(),
-                o.records.to_string(),
-                "--expect-repartitioned".into(),
-                (eddy_processed(case, o.records) - o.records).to_string(),
-                "--close-when-processed".into(),
-            ]);
+            args.extend(expect_args(case, o.records));
             let (seconds, cpu, rss, line) =
                 run_java(&o.jar, &o.jvm_opts, &args, &kdir.path().join("refapp.log"))?;
             let mut ks = Measure {
@@ -855,6 +832,81 @@ fn run_all(
         rows.push(res.with_context(|| label.clone())?);
     }
     Ok(rows)
+}
+
+/// The reference app's arguments for one case, state under `dir/state`.
+fn kstreams_args(
+    bs: &str,
+    case: Case,
+    g: Guarantee,
+    input: &str,
+    app: &str,
+    output: &str,
+    dir: &Path,
+) -> Vec<String> {
+    vec![
+        "--bootstrap".to_string(),
+        bs.to_string(),
+        "--app-id".into(),
+        app.to_string(),
+        "--case".into(),
+        case.name().into(),
+        "--guarantee".into(),
+        g.kstreams().into(),
+        "--input".into(),
+        input.to_string(),
+        "--output".into(),
+        output.to_string(),
+        "--state-dir".into(),
+        dir.join("state").display().to_string(),
+        "--config".into(),
+        format!("num.stream.threads={EDDY_PROCESSING_THREADS}"),
+    ]
+}
+
+/// A throughput run: close as soon as every input (and repartitioned) record is processed.
+fn expect_args(case: Case, records: usize) -> [String; 5] {
+    [
+        "--expect".into(),
+        records.to_string(),
+        "--expect-repartitioned".into(),
+        (eddy_processed(case, records) - records).to_string(),
+        "--close-when-processed".into(),
+    ]
+}
+
+/// Kafka Streams alone on the windowed input of `o`, each output checked against the model
+/// of its semantics (`windowed::check_model`): tests the model on the cases eddy cannot run
+/// yet (`WINDOWED_PENDING`), so that it is known good when they land.
+pub fn kstreams_against_model(o: &Options) -> Result<Vec<(Case, crate::windowed::Checked)>> {
+    let bs = bootstrap()?;
+    let topic =
+        crate::windowed::ensure_windowed_input(&o.jar, o.records, o.partitions, &o.input_prefix)?;
+    let result = (|| {
+        let events = crate::windowed::read_events(&topic)?;
+        let mut out = Vec::new();
+        for &(case, g) in &o.runs {
+            let app = unique(&format!("model-ks-{}", case.name()));
+            let output = format!("{app}-out");
+            let res = (|| {
+                create_topic(&output, o.partitions)?;
+                let dir = tempfile::tempdir()?;
+                let mut args = kstreams_args(&bs, case, g, &topic, &app, &output, dir.path());
+                args.extend(expect_args(case, o.records));
+                run_java(&o.jar, &o.jvm_opts, &args, &dir.path().join("refapp.log"))?;
+                crate::windowed::check_model(case, &events, &output)
+            })();
+            let _ = cleanup(&[&app], &[&output]);
+            let c = res.with_context(|| format!("{} {}", case.name(), g.eddy()))?;
+            eprintln!("{} {}: Kafka Streams: {}", case.name(), g.eddy(), c.summary);
+            out.push((case, c));
+        }
+        Ok(out)
+    })();
+    if o.delete_input {
+        let _ = delete_topics(&[&topic]);
+    }
+    result
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -957,7 +1009,13 @@ pub fn svg(rows: &[Row]) -> String {
     const COLORS: [&str; 4] = ["#4c78a8", "#72b7b2", "#f58518", "#e45756"];
     let (width, left, right, bar, gap) = (760.0, 190.0, 40.0, 16.0, 4.0);
     let panel_h = 28.0 + rows.len() as f64 * (bar + gap) + 14.0;
-    let metrics = ["throughput", "CPU s/M records", "peak RSS", "restore", "disk"];
+    let metrics = [
+        "throughput",
+        "CPU s/M records",
+        "peak RSS",
+        "restore",
+        "disk",
+    ];
     let height = 40.0 + panel_h * metrics.len() as f64 + 10.0;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">eddy / Kafka Streams (dashed red: target, dotted grey: parity 1.0)</text>\n"

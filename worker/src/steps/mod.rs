@@ -277,7 +277,9 @@ impl Processor for To {
                 if self.key_format == Format::Windowed {
                     // Kafka Streams partitions a windowed key by its inner key, so that every
                     // window of a key lands in that key's partition.
-                    let inner = k.to_bytes(self.inner_key_format).map_err(ProcessError::bad)?;
+                    let inner = k
+                        .to_bytes(self.inner_key_format)
+                        .map_err(ProcessError::bad)?;
                     return ctx.send_partitioned_by(
                         &self.topic,
                         &inner,
