@@ -1,9 +1,11 @@
 //! eddy against Kafka Streams (`bench/kstreams`'s reference app) on the same input: the same
-//! cases (`count`, `sum`) under both guarantees, one engine after the other, each from empty
-//! state with a fresh application id. Measures throughput, CPU seconds per million records,
-//! peak RSS and restore time, and checks that both engines end with the same table (same keys,
-//! same value bytes, same output partition per key). Used by the `eddy-vs-kstreams` binary and
-//! by `e2e/tests/compare.rs`.
+//! cases under both guarantees, one engine after the other, each from empty state with a fresh
+//! application id. Keyed cases (`count`, `sum`): throughput, CPU seconds per million records,
+//! peak RSS and restore time, and both engines must end with the same table (same keys, same
+//! value bytes, same output partition per key). Windowed cases (`WINDOWED`, on the windowed
+//! input of `Generate --windowed`): the same figures but the state on disk at the end instead of
+//! a restore, and both outputs compared window by window (`crate::windowed`). Used by the
+//! `eddy-vs-kstreams` binary and by `e2e/tests/compare.rs`.
 
 use crate::*;
 use anyhow::{Context as _, Result, bail};
@@ -17,6 +19,18 @@ use std::time::{Duration, Instant};
 pub enum Case {
     Count,
     Sum,
+    /// Tumbling 10 s windows, 2 s grace, count (an extra: the base of `TumblingSuppress`).
+    TumblingCount,
+    /// The same, then `suppress: untilWindowCloses`: one final count per closed window.
+    TumblingSuppress,
+    /// Hopping 30 s windows every 10 s, 5 s grace, sum of `.amount`.
+    HoppingAggregate,
+    /// Sliding windows (records at most 10 s apart), 2 s grace, count.
+    SlidingCount,
+    /// Sessions with a 5 s inactivity gap, 2 s grace, count; merges delete replaced sessions.
+    SessionCount,
+    /// Tumbling 10 s windows, 2 s grace, reduce to the largest `.amount`.
+    WindowedReduce,
 }
 
 impl Case {
@@ -24,9 +38,76 @@ impl Case {
         match self {
             Case::Count => "count",
             Case::Sum => "sum",
+            Case::TumblingCount => "tumbling-count",
+            Case::TumblingSuppress => "tumbling-suppress",
+            Case::HoppingAggregate => "hopping-aggregate",
+            Case::SlidingCount => "sliding-count",
+            Case::SessionCount => "session-count",
+            Case::WindowedReduce => "windowed-reduce",
         }
     }
+
+    /// A windowed case: reads the windowed input (`Generate --windowed`), writes windowed keys.
+    pub fn windowed(self) -> bool {
+        !matches!(self, Case::Count | Case::Sum)
+    }
+
+    /// The window of a windowed case.
+    pub fn window(self) -> Option<WindowSpec> {
+        use WindowSpec::*;
+        Some(match self {
+            Case::Count | Case::Sum => return None,
+            Case::TumblingCount | Case::TumblingSuppress | Case::WindowedReduce => Time {
+                size: 10_000,
+                advance: 10_000,
+                grace: 2_000,
+            },
+            Case::HoppingAggregate => Time {
+                size: 30_000,
+                advance: 10_000,
+                grace: 5_000,
+            },
+            Case::SlidingCount => Sliding {
+                difference: 10_000,
+                grace: 2_000,
+            },
+            Case::SessionCount => Session {
+                gap: 5_000,
+                grace: 2_000,
+            },
+        })
+    }
+
+    /// The output value is a count as an 8-byte big-endian long (else decimal text).
+    fn i64_values(self) -> bool {
+        !matches!(
+            self,
+            Case::Sum | Case::HoppingAggregate | Case::WindowedReduce
+        )
+    }
 }
+
+/// A windowed case's windows, in milliseconds (both engines are given the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowSpec {
+    Time { size: i64, advance: i64, grace: i64 },
+    Sliding { difference: i64, grace: i64 },
+    Session { gap: i64, grace: i64 },
+}
+
+/// How long both engines keep windows: short, so that over the windowed input's minutes of
+/// event time whole segments expire and the state on disk at the end is what retention leaves.
+pub const RETENTION_MS: i64 = 60_000;
+
+/// Every windowed case, in the order they run.
+pub const WINDOWED: [Case; 6] = [
+    Case::TumblingCount,
+    Case::TumblingSuppress,
+    Case::HoppingAggregate,
+    Case::SlidingCount,
+    Case::SessionCount,
+    Case::WindowedReduce,
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Guarantee {
@@ -57,24 +138,52 @@ pub const ALL: [(Case, Guarantee); 4] = [
     (Case::Sum, Guarantee::ExactlyOnce),
 ];
 
-/// Parse `count:at_least_once,sum:exactly_once` into runs.
-pub fn parse_runs(s: &str) -> Result<Vec<(Case, Guarantee)>> {
-    s.split(',')
-        .map(|item| {
-            ALL.iter()
-                .copied()
-                .find(|(c, g)| format!("{}:{}", c.name(), g.eddy()) == item.trim())
-                .with_context(|| {
-                    format!(
-                        "unknown case '{item}' in --cases; use a comma-separated list of {}",
-                        ALL.iter()
-                            .map(|(c, g)| format!("{}:{}", c.name(), g.eddy()))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                })
-        })
+/// Every windowed case × both guarantees.
+pub fn windowed_runs() -> Vec<(Case, Guarantee)> {
+    WINDOWED
+        .iter()
+        .flat_map(|&c| GUARANTEES.map(|g| (c, g)))
         .collect()
+}
+
+pub const GUARANTEES: [Guarantee; 2] = [Guarantee::AtLeastOnce, Guarantee::ExactlyOnce];
+
+/// Parse `count:at_least_once,sum:exactly_once` into runs; `keyed` stands for count and sum
+/// under both guarantees, `windowed` for [`windowed_runs`], `all` for both.
+pub fn parse_runs(s: &str) -> Result<Vec<(Case, Guarantee)>> {
+    let every: Vec<(Case, Guarantee)> = [Case::Count, Case::Sum]
+        .iter()
+        .chain(WINDOWED.iter())
+        .flat_map(|&c| GUARANTEES.map(|g| (c, g)))
+        .collect();
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim) {
+        match item {
+            "keyed" => out.extend(ALL),
+            "windowed" => out.extend(windowed_runs()),
+            "all" => {
+                out.extend(ALL);
+                out.extend(windowed_runs());
+            }
+            _ => out.push(
+                every
+                    .iter()
+                    .copied()
+                    .find(|(c, g)| format!("{}:{}", c.name(), g.eddy()) == item)
+                    .with_context(|| {
+                        format!(
+                            "unknown case '{item}' in --cases; use keyed, windowed, all or a comma-separated list of {}",
+                            every
+                                .iter()
+                                .map(|(c, g)| format!("{}:{}", c.name(), g.eddy()))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    })?,
+            ),
+        }
+    }
+    Ok(out)
 }
 
 pub struct Options {
@@ -131,6 +240,9 @@ pub struct Measure {
     pub restored_records: Option<f64>,
     /// Kafka Streams only: `KafkaStreams#start()` → RUNNING (no JVM start, no topic checks).
     pub restore_from_start: Option<f64>,
+    /// Windowed cases: bytes on disk of the app's state at the end of the run (eddy: its
+    /// state dir, i.e. every task's RocksDB; Kafka Streams: `state.dir/<application.id>`).
+    pub disk: Option<u64>,
     /// Kafka Streams only: the reference app's own JSON lines.
     pub extra: Value,
 }
@@ -147,6 +259,22 @@ impl Measure {
     }
 }
 
+/// Bytes a directory tree takes on disk (allocated blocks, as `du`); 0 if it does not exist.
+pub fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => m.blocks() * 512 + disk_usage(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 pub struct Row {
     pub case: Case,
     pub guarantee: Guarantee,
@@ -154,6 +282,8 @@ pub struct Row {
     pub output_keys: usize,
     pub eddy: Measure,
     pub ks: Measure,
+    /// Windowed cases: what the window-by-window comparison found.
+    pub windowed: Option<crate::windowed::Checked>,
 }
 
 impl Row {
@@ -187,6 +317,15 @@ impl Row {
                 false,
             ),
             ("restore", restore, 0.5, false),
+            (
+                "disk",
+                match (self.eddy.disk, self.ks.disk) {
+                    (Some(e), Some(k)) => Some(e as f64 / (k as f64).max(1.0)),
+                    _ => None,
+                },
+                1.0,
+                false,
+            ),
         ]
     }
 }
@@ -209,13 +348,35 @@ pub fn kstreams_jar() -> Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
-fn eddy_yaml(case: Case, g: Guarantee, app: &str, input: &str, output: &str) -> String {
+/// eddy's topology for a case. The windowed ones read event time from `.ts` and keep
+/// windows [`RETENTION_MS`], like the reference app.
+pub fn eddy_yaml(case: Case, g: Guarantee, app: &str, input: &str, output: &str) -> String {
+    let windowed_from =
+        format!("  - from: {{topic: {input}, key: string, value: json, timestamp: '.ts'}}\n");
     let steps = match case {
         Case::Count => format!(
             "  - from: {{topic: {input}, key: string, value: bytes}}\n  - count: {{store: counts}}\n  - to: {{topic: {output}, value: i64}}\n"
         ),
         Case::Sum => format!(
             "  - from: {{topic: {input}, key: string, value: json}}\n  - filter: '.status == 200'\n  - groupBy: '.user'\n  - aggregate: {{store: sums, initial: '0', add: '$agg + .amount'}}\n  - to: {{topic: {output}, value: json}}\n"
+        ),
+        Case::TumblingCount => format!(
+            "{windowed_from}  - window: {{tumbling: 10s, grace: 2s, retention: 1m}}\n  - count: {{store: counts}}\n  - to: {{topic: {output}, value: i64}}\n"
+        ),
+        Case::TumblingSuppress => format!(
+            "{windowed_from}  - window: {{tumbling: 10s, grace: 2s, retention: 1m}}\n  - count: {{store: counts}}\n  - suppress: untilWindowCloses\n  - to: {{topic: {output}, value: i64}}\n"
+        ),
+        Case::HoppingAggregate => format!(
+            "{windowed_from}  - window: {{hopping: 30s, advance: 10s, grace: 5s, retention: 1m}}\n  - aggregate: {{store: sums, initial: '0', add: '$agg + .amount'}}\n  - to: {{topic: {output}, value: json}}\n"
+        ),
+        Case::SlidingCount => format!(
+            "{windowed_from}  - window: {{sliding: 10s, grace: 2s, retention: 1m}}\n  - count: {{store: counts}}\n  - to: {{topic: {output}, value: i64}}\n"
+        ),
+        Case::SessionCount => format!(
+            "{windowed_from}  - window: {{session: 5s, grace: 2s, retention: 1m}}\n  - count: {{store: counts}}\n  - to: {{topic: {output}, value: i64}}\n"
+        ),
+        Case::WindowedReduce => format!(
+            "{windowed_from}  - map: '.amount'\n  - window: {{tumbling: 10s, grace: 2s, retention: 1m}}\n  - reduce: {{store: maxes, with: 'if . > $agg then . else $agg end'}}\n  - to: {{topic: {output}, value: json}}\n"
         ),
     };
     format!(
@@ -229,19 +390,19 @@ fn eddy_yaml(case: Case, g: Guarantee, app: &str, input: &str, output: &str) -> 
 /// for every tenth record).
 fn eddy_processed(case: Case, records: usize) -> usize {
     match case {
-        Case::Count => records,
         Case::Sum => records + records - records.div_ceil(10),
+        _ => records,
     }
 }
 
 /// What the generated input must produce: (sum of all counts, sum of all sums).
 fn expected_total(case: Case, records: usize) -> i64 {
     match case {
-        Case::Count => records as i64,
         Case::Sum => (0..records)
             .filter(|i| i % 10 != 0)
             .map(|i| (i % 97) as i64)
             .sum(),
+        _ => records as i64,
     }
 }
 
@@ -422,16 +583,17 @@ pub fn final_table(topic: &str) -> Result<Table> {
 }
 
 fn show(case: Case, v: &[u8]) -> String {
-    match (case, <[u8; 8]>::try_from(v)) {
-        (Case::Count, Ok(b)) => i64::from_be_bytes(b).to_string(),
+    match (case.i64_values(), <[u8; 8]>::try_from(v)) {
+        (true, Ok(b)) => i64::from_be_bytes(b).to_string(),
         _ => format!("{:?}", String::from_utf8_lossy(v)),
     }
 }
 
 fn value_of(case: Case, v: &[u8]) -> Option<i64> {
-    match case {
-        Case::Count => <[u8; 8]>::try_from(v).ok().map(i64::from_be_bytes),
-        Case::Sum => std::str::from_utf8(v).ok()?.parse().ok(),
+    if case.i64_values() {
+        <[u8; 8]>::try_from(v).ok().map(i64::from_be_bytes)
+    } else {
+        std::str::from_utf8(v).ok()?.parse().ok()
     }
 }
 
@@ -506,17 +668,56 @@ pub fn run(o: &Options) -> Result<Vec<Row>> {
         "kafka at {bs}; {} records, {} keys, {} partitions",
         o.records, o.keys, o.partitions
     );
-    let input = ensure_input(o.records, o.keys, o.partitions, &o.input_prefix)?;
-    let result = run_all(o, &bs, &input);
-    if o.delete_input {
-        let _ = delete_topics(&[&input]);
+    let keyed = o.runs.iter().any(|(c, _)| !c.windowed());
+    let windowed = o.runs.iter().any(|(c, _)| c.windowed());
+    let input = if keyed {
+        Some(ensure_input(
+            o.records,
+            o.keys,
+            o.partitions,
+            &o.input_prefix,
+        )?)
+    } else {
+        None
+    };
+    let result = (|| {
+        let windowed_input = if windowed {
+            let topic = crate::windowed::ensure_windowed_input(
+                &o.jar,
+                o.records,
+                o.partitions,
+                &o.input_prefix,
+            )?;
+            let events = crate::windowed::read_events(&topic)?;
+            Some((topic, events))
+        } else {
+            None
+        };
+        let r = run_all(o, &bs, input.as_deref(), windowed_input.as_ref());
+        if let (true, Some((t, _))) = (o.delete_input, &windowed_input) {
+            let _ = delete_topics(&[t]);
+        }
+        r
+    })();
+    if let (true, Some(t)) = (o.delete_input, &input) {
+        let _ = delete_topics(&[t]);
     }
     result
 }
 
-fn run_all(o: &Options, bs: &str, input: &str) -> Result<Vec<Row>> {
+fn run_all(
+    o: &Options,
+    bs: &str,
+    keyed_input: Option<&str>,
+    windowed_input: Option<&(String, Vec<crate::windowed::Event>)>,
+) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &(case, g) in &o.runs {
+        let input = match (case.windowed(), keyed_input, windowed_input) {
+            (false, Some(i), _) => i,
+            (true, _, Some((i, _))) => i.as_str(),
+            _ => bail!("no input for {}", case.name()),
+        };
         let label = format!("{} {}", case.name(), g.eddy());
         let eddy_app = unique(&format!("cmp-eddy-{}", case.name()));
         let ks_app = unique(&format!("cmp-ks-{}", case.name()));
@@ -537,32 +738,9 @@ fn run_all(o: &Options, bs: &str, input: &str) -> Result<Vec<Row>> {
             // Kafka Streams
             eprintln!("{label}: Kafka Streams");
             let kdir = tempfile::tempdir()?;
-            let common = vec![
-                "--bootstrap".to_string(),
-                bs.to_string(),
-                "--app-id".into(),
-                ks_app.clone(),
-                "--case".into(),
-                case.name().into(),
-                "--guarantee".into(),
-                g.kstreams().into(),
-                "--input".into(),
-                input.to_string(),
-                "--output".into(),
-                ks_out.clone(),
-                "--state-dir".into(),
-                kdir.path().join("state").display().to_string(),
-                "--config".into(),
-                format!("num.stream.threads={EDDY_PROCESSING_THREADS}"),
-            ];
+            let common = kstreams_args(bs, case, g, input, &ks_app, &ks_out, kdir.path());
             let mut args = common.clone();
-            args.extend([
-                "--expect".into(),
-                o.records.to_string(),
-                "--expect-repartitioned".into(),
-                (eddy_processed(case, o.records) - o.records).to_string(),
-                "--close-when-processed".into(),
-            ]);
+            args.extend(expect_args(case, o.records));
             let (seconds, cpu, rss, line) =
                 run_java(&o.jar, &o.jvm_opts, &args, &kdir.path().join("refapp.log"))?;
             let mut ks = Measure {
@@ -577,6 +755,27 @@ fn run_all(o: &Options, bs: &str, input: &str) -> Result<Vec<Row>> {
                 ks.seconds,
                 ks.rate(o.records)
             );
+            if case.windowed() {
+                eddy.disk = Some(disk_usage(&edir.path().join("state")));
+                ks.disk = Some(disk_usage(&kdir.path().join("state").join(&ks_app)));
+                let checked = match windowed_input {
+                    Some((_, events)) if o.verify => {
+                        let c = crate::windowed::compare(case, events, &eddy_out, &ks_out)?;
+                        eprintln!("{label}: {}", c.summary);
+                        Some(c)
+                    }
+                    _ => None,
+                };
+                return Ok(Row {
+                    case,
+                    guarantee: g,
+                    records: o.records,
+                    output_keys: checked.as_ref().map_or(0, |c| c.windows),
+                    eddy,
+                    ks,
+                    windowed: checked,
+                });
+            }
             let output_keys = if o.verify {
                 let n = compare_tables(case, o.records, &eddy_out, &ks_out)?;
                 eprintln!("{label}: same final table ({n} keys, same partitions)");
@@ -616,12 +815,54 @@ fn run_all(o: &Options, bs: &str, input: &str) -> Result<Vec<Row>> {
                 output_keys,
                 eddy,
                 ks,
+                windowed: None,
             })
         })();
         let _ = cleanup(&[&eddy_app, &ks_app], &[&eddy_out, &ks_out]);
         rows.push(res.with_context(|| label.clone())?);
     }
     Ok(rows)
+}
+
+/// The reference app's arguments for one case, state under `dir/state`.
+fn kstreams_args(
+    bs: &str,
+    case: Case,
+    g: Guarantee,
+    input: &str,
+    app: &str,
+    output: &str,
+    dir: &Path,
+) -> Vec<String> {
+    vec![
+        "--bootstrap".to_string(),
+        bs.to_string(),
+        "--app-id".into(),
+        app.to_string(),
+        "--case".into(),
+        case.name().into(),
+        "--guarantee".into(),
+        g.kstreams().into(),
+        "--input".into(),
+        input.to_string(),
+        "--output".into(),
+        output.to_string(),
+        "--state-dir".into(),
+        dir.join("state").display().to_string(),
+        "--config".into(),
+        format!("num.stream.threads={EDDY_PROCESSING_THREADS}"),
+    ]
+}
+
+/// A throughput run: close as soon as every input (and repartitioned) record is processed.
+fn expect_args(case: Case, records: usize) -> [String; 5] {
+    [
+        "--expect".into(),
+        records.to_string(),
+        "--expect-repartitioned".into(),
+        (eddy_processed(case, records) - records).to_string(),
+        "--close-when-processed".into(),
+    ]
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -631,7 +872,7 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 /// The results as a markdown table; `targets` marks each ratio as met (bold) or missed (✗).
 pub fn markdown(rows: &[Row], targets: bool) -> String {
     let mut s = String::from(
-        "| case | guarantee | records/s eddy | KS | ratio (≥ 2) | CPU s/M eddy | KS | ratio (≤ 0.5) | peak RSS MiB eddy | KS | ratio (≤ 0.5) | restore s eddy | KS | ratio (≤ 0.5) | KS start()→RUNNING s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| case | guarantee | records/s eddy | KS | ratio (≥ 2) | CPU s/M eddy | KS | ratio (≤ 0.5) | peak RSS MiB eddy | KS | ratio (≤ 0.5) | restore s eddy | KS | ratio (≤ 0.5) | KS start()→RUNNING s | state on disk MiB eddy | KS | ratio (≤ 1) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         let n = r.records;
@@ -648,7 +889,7 @@ pub fn markdown(rows: &[Row], targets: bool) -> String {
             }
         };
         s += &format!(
-            "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.case.name(),
             r.guarantee.eddy(),
             r.eddy.rate(n),
@@ -664,6 +905,9 @@ pub fn markdown(rows: &[Row], targets: bool) -> String {
             opt(r.ks.restore_seconds, 2),
             mark(3),
             opt(r.ks.restore_from_start, 2),
+            opt(r.eddy.disk.map(|b| b as f64 / 1048576.0), 2),
+            opt(r.ks.disk.map(|b| b as f64 / 1048576.0), 2),
+            mark(4),
         );
     }
     s
@@ -680,6 +924,7 @@ pub fn measure_json(x: &Measure, n: usize) -> Value {
             "restore_seconds": x.restore_seconds,
             "restored_records": x.restored_records,
             "restore_from_start_seconds": x.restore_from_start,
+            "state_disk_bytes": x.disk,
             "kstreams": x.extra,
     })
 }
@@ -696,6 +941,11 @@ pub fn to_json(o: &Options, rows: &[Row]) -> Value {
             "case": r.case.name(),
             "guarantee": r.guarantee.eddy(),
             "output_keys": r.output_keys,
+            "windowed": r.windowed.as_ref().map(|c| json!({
+                "windows": c.windows,
+                "dropped_records": c.dropped,
+                "timestamp_differences": c.timestamp_differences,
+            })),
             "eddy": m(&r.eddy, r.records),
             "kafka_streams": m(&r.ks, r.records),
             "ratios": r.ratios().iter().map(|(name, v, t, _)| json!({"metric": name, "eddy_over_kstreams": v, "target": t})).collect::<Vec<_>>(),
@@ -715,7 +965,13 @@ pub fn svg(rows: &[Row]) -> String {
     const COLORS: [&str; 4] = ["#4c78a8", "#72b7b2", "#f58518", "#e45756"];
     let (width, left, right, bar, gap) = (760.0, 190.0, 40.0, 16.0, 4.0);
     let panel_h = 28.0 + rows.len() as f64 * (bar + gap) + 14.0;
-    let metrics = ["throughput", "CPU s/M records", "peak RSS", "restore"];
+    let metrics = [
+        "throughput",
+        "CPU s/M records",
+        "peak RSS",
+        "restore",
+        "disk",
+    ];
     let height = 40.0 + panel_h * metrics.len() as f64 + 10.0;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">eddy / Kafka Streams (dashed red: target, dotted grey: parity 1.0)</text>\n"

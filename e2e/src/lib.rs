@@ -12,6 +12,8 @@ pub mod prometheus;
 
 pub mod compare;
 
+pub mod windowed;
+
 pub mod curve;
 
 pub mod report;
@@ -348,6 +350,8 @@ pub struct Consumed {
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
     pub headers: HashMap<String, String>,
+    /// The record's timestamp (ms; -1 if it has none).
+    pub timestamp: i64,
 }
 
 /// Every committed record of a topic, in partition and offset order.
@@ -401,6 +405,7 @@ pub fn read_all(topic: &str) -> Result<Vec<Consumed>> {
                     key: m.key().map(<[u8]>::to_vec),
                     value: m.payload().map(<[u8]>::to_vec),
                     headers,
+                    timestamp: m.timestamp().to_millis().unwrap_or(-1),
                 });
             }
         }

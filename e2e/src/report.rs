@@ -277,6 +277,13 @@ pub fn figures(section: &str, v: &Value) -> Vec<Figure> {
                         Lower,
                         reference,
                     ));
+                    out.push(fig(
+                        format!("{id}.{engine}.state_disk_mib"),
+                        mib(&m["state_disk_bytes"]),
+                        "MiB",
+                        Lower,
+                        reference,
+                    ));
                 }
                 for q in rows(&r["ratios"]) {
                     let metric = q["metric"].as_str().unwrap_or_default();

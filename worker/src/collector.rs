@@ -208,6 +208,10 @@ impl Sink for Collector {
         };
         self.send_raw(topic, p, key, value, timestamp, None, None)
     }
+
+    fn partition_of(&self, topic: &str, key: &[u8]) -> Result<Option<i32>, ProcessError> {
+        self.partition(topic, Some(key)).map(Some)
+    }
 }
 
 /// Headers saying why a record went to the dead-letter topic.

@@ -81,6 +81,12 @@ pub trait Sink {
         value: Option<&[u8]>,
         timestamp: i64,
     ) -> Result<(), ProcessError>;
+
+    /// The partition `send` would give a record with this key; `None` leaves the choice to
+    /// `send` (a sink that does not partition).
+    fn partition_of(&self, _topic: &str, _key: &[u8]) -> Result<Option<i32>, ProcessError> {
+        Ok(None)
+    }
 }
 
 /// What a processor can do while it handles one record.
@@ -106,6 +112,21 @@ impl<'a> Context<'a> {
         timestamp: i64,
     ) -> Result<(), ProcessError> {
         self.sink.send(topic, None, key, value, timestamp)
+    }
+
+    /// Write a record to the partition of `partition_key` rather than of its own key: a
+    /// windowed key goes where its inner key does, as Kafka Streams' `WindowedStreamPartitioner`
+    /// sends it.
+    pub fn send_partitioned_by(
+        &mut self,
+        topic: &str,
+        partition_key: &[u8],
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        timestamp: i64,
+    ) -> Result<(), ProcessError> {
+        let partition = self.sink.partition_of(topic, partition_key)?;
+        self.sink.send(topic, partition, key, value, timestamp)
     }
 
     /// The task's shard of a store.

@@ -1,8 +1,9 @@
 //! `eddy-vs-kstreams`: eddy against Kafka Streams (`bench/kstreams`) on the same input, for
-//! `count` and `sum` under at-least-once and exactly-once. Prints a markdown table of
-//! throughput, CPU seconds per million records, peak RSS and restore time with the ratio
-//! eddy/KS, and writes `results.json`, `results.md` and `ratios.svg` to `--out`. Fails (exit 1)
-//! if the two engines' final tables differ. See docs/benchmarks.md.
+//! `count` and `sum` and the windowed cases (`compare::WINDOWED`) under
+//! at-least-once and exactly-once. Prints a markdown table of throughput, CPU seconds per
+//! million records, peak RSS, restore time (keyed cases) and state on disk (windowed cases)
+//! with the ratio eddy/KS, and writes `results.json`, `results.md` and `ratios.svg` to `--out`.
+//! Fails (exit 1) if the two engines' results differ. See docs/benchmarks.md.
 //!
 //! `--curve partitions|keys` runs the scaling curves instead (`eddy_e2e::curve`): count
 //! at-least-once as the input's partitions (4, 16, 64) or distinct keys (10k, 1M, 10M) grow,
@@ -44,8 +45,10 @@ struct Args {
     /// The reference app's jar (default: built by bench/kstreams/build.sh).
     #[arg(long)]
     jar: Option<PathBuf>,
-    /// Cases to run, comma-separated CASE:GUARANTEE (count|sum : at_least_once|exactly_once)
-    /// [default: all four].
+    /// Cases to run, comma-separated CASE:GUARANTEE (count, sum, tumbling-count,
+    /// tumbling-suppress, hopping-aggregate, sliding-count, session-count, windowed-reduce :
+    /// at_least_once|exactly_once), or `keyed` (count and sum), `windowed` (the windowed cases
+    /// eddy runs today), `all` [default: all].
     #[arg(long, conflicts_with = "curve")]
     cases: Option<String>,
     /// Run Kafka Streams' JVM without options (heap up to a quarter of the machine's memory).
@@ -86,7 +89,7 @@ fn real_main() -> Result<()> {
     }
     let runs = match &args.cases {
         Some(c) => parse_runs(c)?,
-        None => ALL.to_vec(),
+        None => parse_runs("all")?,
     };
     let jar = match &args.jar {
         Some(j) => j.clone(),
@@ -121,9 +124,10 @@ fn real_main() -> Result<()> {
     println!("\n{}\n\n{md}", o.kstreams_settings());
     let out = &args.out;
     let header = format!(
-        "{} records over {} keys, {} partitions; {}; ratios are eddy / Kafka Streams{}.\n\n",
+        "{} records over {} keys (windowed cases: {} keys, event time in the value), {} partitions; {}; ratios are eddy / Kafka Streams{}.\n\n",
         o.records,
         o.keys,
+        eddy_e2e::windowed::windowed_keys(o.records),
         o.partitions,
         o.kstreams_settings(),
         if check_only {

@@ -354,23 +354,38 @@ pub struct To {
 
 impl Processor for To {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        let value = match &r.value {
+            Some(v) => Some(v.to_bytes(self.value_format).map_err(ProcessError::bad)?),
+            None => None,
+        };
         let key = match (&r.key, r.window) {
-            (Some(k), Some(w)) => Some(std::borrow::Cow::Owned(
-                crate::window::encode_key(
+            (Some(k), Some(w)) => {
+                let key = crate::window::encode_key(
                     self.key_format,
                     k,
                     self.inner_key_format,
                     w,
                     self.session,
                 )
-                .map_err(ProcessError::bad)?,
-            )),
+                .map_err(ProcessError::bad)?;
+                if self.key_format == Format::Windowed {
+                    // Kafka Streams partitions a windowed key by its inner key, so that every
+                    // window of a key lands in that key's partition.
+                    let inner = k
+                        .to_bytes(self.inner_key_format)
+                        .map_err(ProcessError::bad)?;
+                    return ctx.send_partitioned_by(
+                        &self.topic,
+                        &inner,
+                        Some(&key),
+                        value.as_deref(),
+                        r.timestamp,
+                    );
+                }
+                Some(std::borrow::Cow::Owned(key))
+            }
             (Some(k), None) => Some(k.to_bytes(self.key_format).map_err(ProcessError::bad)?),
             (None, _) => None,
-        };
-        let value = match &r.value {
-            Some(v) => Some(v.to_bytes(self.value_format).map_err(ProcessError::bad)?),
-            None => None,
         };
         ctx.send(&self.topic, key.as_deref(), value.as_deref(), r.timestamp)
     }

@@ -36,11 +36,21 @@ public final class Generate {
         "    value = {\"user\":\"u<j>\",\"amount\":<1..100>,\"status\":<200|404|500>,\"seq\":<n>,\"pad\":\"x...\"}",
         "            j uniform in [0,U); status 200 with p=0.8, 404 p=0.1, 500 p=0.1; pad fills the",
         "            value up to B bytes (never below the fields); seq = 0..N-1 in production order",
-        "  Prints one JSON line: counts and the totals the sum case must reach.");
+        "  Prints one JSON line: counts and the totals the sum case must reach.",
+        "",
+        "  --windowed: input of the windowed cases instead (see README \"Windowed input\"):",
+        "    key   = \"u<j>\", j uniform in [0,K)   (--users is ignored)",
+        "    value = {\"user\":\"u<j>\",\"ts\":<event ms>,\"amount\":<1..100>,\"seq\":<n>,\"kind\":\"in-order|jitter|late|bridge\"}",
+        "    event time starts at --base-ms (1700000000000) and advances by a uniform step of mean",
+        "    --mean-gap-ms/K per record (so a key recurs every ~4 s); 20% of records are up to 1.5 s",
+        "    behind (jitter), 1% are 40-54 s behind (late), 1% fall in the middle of a key's recent",
+        "    silence of --session-gap-ms to 2x that (bridge two sessions).",
+        "    [--base-ms MS] [--mean-gap-ms MS (4000)] [--session-gap-ms MS (5000)]");
 
     private static final Set<String> VALUED = Set.of("--bootstrap", "--topic", "--records", "--keys", "--users",
-        "--partitions", "--seed", "--value-bytes", "--replication-factor");
-    private static final Set<String> SWITCHES = Set.of("--no-create", "--help");
+        "--partitions", "--seed", "--value-bytes", "--replication-factor", "--base-ms", "--mean-gap-ms",
+        "--session-gap-ms");
+    private static final Set<String> SWITCHES = Set.of("--no-create", "--help", "--windowed");
 
     public static void main(final String[] args) {
         Cli.main(PROG, USAGE, () -> run(new Cli(PROG, args, VALUED, SWITCHES)));
@@ -87,6 +97,91 @@ public final class Generate {
             r.value = v.toString();
             r.ok = status == 200;
             r.amount = amount;
+        }
+    }
+
+    /**
+     * The windowed cases' record stream: event time in the value, mostly increasing, some records
+     * a little out of order (within every case's grace), some far behind (later than every case's
+     * grace), and some that fall into a key's recent silence so that they bridge two sessions.
+     */
+    static final class WindowedGen {
+        private final SplittableRandom rnd;
+        private final int keys;
+        private final long step;
+        private final long sessionGap;
+        private final long[] last;
+        private long clock;
+        private long seq;
+        /** Recent silences of a key that one record can bridge: {key, before, after}. */
+        private final java.util.ArrayDeque<long[]> silences = new java.util.ArrayDeque<>();
+        long inOrder;
+        long jitter;
+        long late;
+        long bridge;
+        long minTs = Long.MAX_VALUE;
+        long maxTs = Long.MIN_VALUE;
+
+        WindowedGen(final long seed, final int keys, final long baseMs, final long meanGapMs, final long sessionGap) {
+            this.rnd = new SplittableRandom(seed);
+            this.keys = keys;
+            this.step = Math.max(0, 2 * meanGapMs / keys);
+            this.sessionGap = sessionGap;
+            this.last = new long[keys];
+            java.util.Arrays.fill(last, Long.MIN_VALUE);
+            this.clock = baseMs;
+        }
+
+        void next(final Rec r) {
+            clock += step == 0 ? 0 : rnd.nextLong(step + 1);
+            int k = rnd.nextInt(keys);
+            final int amount = 1 + rnd.nextInt(100);
+            final int kind = rnd.nextInt(1000);
+            long ts = clock;
+            String name = "in-order";
+            if (kind < 10) {
+                // 40-54 s behind: later than every case's size + grace (35 s at most), and
+                // younger than the 1 min retention, so the stores never hide what it could merge with.
+                ts = clock - 40_000 - rnd.nextInt(14_000);
+                name = "late";
+            } else if (kind < 20 && bridgeable()) {
+                final long[] s = silences.pollLast();
+                k = (int) s[0];
+                ts = (s[1] + s[2]) / 2;
+                name = "bridge";
+            } else if (kind < 220) {
+                ts = clock - rnd.nextInt(1500);
+                name = "jitter";
+            } else if (last[k] != Long.MIN_VALUE && ts - last[k] > sessionGap && ts - last[k] <= 2 * sessionGap) {
+                silences.addLast(new long[] {k, last[k], ts});
+                if (silences.size() > 64) {
+                    silences.pollFirst();
+                }
+            }
+            switch (name) {
+                case "late": late++; break;
+                case "bridge": bridge++; break;
+                case "jitter": jitter++; break;
+                default: inOrder++;
+            }
+            if (!name.equals("late")) {
+                last[k] = Math.max(last[k], ts);
+            }
+            minTs = Math.min(minTs, ts);
+            maxTs = Math.max(maxTs, ts);
+            r.key = "u" + k;
+            r.value = "{\"user\":\"u" + k + "\",\"ts\":" + ts + ",\"amount\":" + amount + ",\"seq\":" + seq++
+                + ",\"kind\":\"" + name + "\"}";
+            r.ok = true;
+            r.amount = amount;
+        }
+
+        /** A silence that ended within the last second: its sessions are both still open. */
+        private boolean bridgeable() {
+            while (!silences.isEmpty() && silences.peekLast()[2] < clock - 1000) {
+                silences.pollLast();
+            }
+            return !silences.isEmpty();
         }
     }
 
@@ -137,6 +232,9 @@ public final class Generate {
         pp.put(ProducerConfig.CLIENT_ID_CONFIG, "eddy-bench-generate");
         final AtomicReference<Exception> error = new AtomicReference<>();
         final Gen gen = new Gen(seed, keys, users, valueBytes);
+        final boolean windowed = cli.has("--windowed");
+        final WindowedGen wgen = new WindowedGen(seed, keys, cli.getLong("--base-ms", 1_700_000_000_000L),
+            cli.getLong("--mean-gap-ms", 4000), cli.getLong("--session-gap-ms", 5000));
         final Rec r = new Rec();
         long ok = 0;
         long amountOk = 0;
@@ -145,7 +243,11 @@ public final class Generate {
         try (KafkaProducer<String, String> producer =
                  new KafkaProducer<>(pp, new StringSerializer(), new StringSerializer())) {
             for (long i = 0; i < records && error.get() == null; i++) {
-                gen.next(r);
+                if (windowed) {
+                    wgen.next(r);
+                } else {
+                    gen.next(r);
+                }
                 if (r.ok) {
                     ok++;
                     amountOk += r.amount;
@@ -173,6 +275,9 @@ public final class Generate {
             + ",\"bytes\":" + bytes
             + ",\"status_200\":" + ok
             + ",\"amount_200_total\":" + amountOk
+            + (windowed ? ",\"windowed\":{\"in_order\":" + wgen.inOrder + ",\"jitter\":" + wgen.jitter
+                + ",\"late\":" + wgen.late + ",\"bridge\":" + wgen.bridge + ",\"min_ts\":" + wgen.minTs
+                + ",\"max_ts\":" + wgen.maxTs + "}" : "")
             + ",\"seconds\":" + Cli.secs(nanos)
             + ",\"records_per_second\":" + Cli.rate(records, nanos)
             + "}");

@@ -44,8 +44,16 @@ import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.kstream.SessionWindows;
+import org.apache.kafka.streams.kstream.SlidingWindows;
+import org.apache.kafka.streams.kstream.Suppressed;
+import org.apache.kafka.streams.kstream.TimeWindows;
+import org.apache.kafka.streams.kstream.WindowedSerdes;
+import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.state.KeyValueStore;
+import org.apache.kafka.streams.state.SessionStore;
+import org.apache.kafka.streams.state.WindowStore;
 
 /**
  * Kafka Streams reference application for eddy: benchmark baseline and correctness oracle.
@@ -54,7 +62,9 @@ import org.apache.kafka.streams.state.KeyValueStore;
 public final class RefApp {
     static final String PROG = "refapp";
     static final String USAGE = String.join("\n",
-        "usage: java -jar refapp.jar --bootstrap HOST:PORT --app-id ID --case count|sum|latest",
+        "usage: java -jar refapp.jar --bootstrap HOST:PORT --app-id ID --case CASE",
+        "         (count|sum|latest, or windowed: tumbling-count|tumbling-suppress|hopping-aggregate|",
+        "         sliding-count|session-count|windowed-reduce)",
         "         --guarantee at_least_once|exactly_once_v2 --input TOPIC --output TOPIC --state-dir DIR",
         "         [--expect N | --restore-only] [--timeout-s S (1800)] [--poll-ms MS (100)]",
         "         [--config KEY=VALUE]... [--dump-metrics] [--close-when-processed] [--print-tasks]",
@@ -249,6 +259,26 @@ public final class RefApp {
 
     // ------------------------------------------------------------------------------ topologies
 
+    /** The windowed cases (input from `Generate --windowed`; see README "Windowed cases"). */
+    static final List<String> WINDOWED = List.of("tumbling-count", "tumbling-suppress", "hopping-aggregate",
+        "sliding-count", "session-count", "windowed-reduce");
+
+    /** Window stores keep windows one minute (at least size + grace, as Kafka Streams requires). */
+    static final Duration RETENTION = Duration.ofMinutes(1);
+
+    /** The input of the windowed cases: user keys, JSON events, event time from `ts`. */
+    private static KStream<String, Event> events(final StreamsBuilder builder, final String input) {
+        return builder.stream(input, Consumed.with(Serdes.String(), Event.SERDE).withTimestampExtractor(new Event.Time()));
+    }
+
+    private static <V> Materialized<String, V, WindowStore<Bytes, byte[]>> windowStore(final String name) {
+        return Materialized.<String, V, WindowStore<Bytes, byte[]>>as(name).withRetention(RETENTION);
+    }
+
+    private static Produced<org.apache.kafka.streams.kstream.Windowed<String>, Long> timeWindowedLongs(final long sizeMs) {
+        return Produced.with(WindowedSerdes.timeWindowedSerdeFrom(String.class, sizeMs), Serdes.Long());
+    }
+
     static Topology buildTopology(final String caseName, final String input, final String output) {
         final StreamsBuilder builder = new StreamsBuilder();
         switch (caseName) {
@@ -286,8 +316,71 @@ public final class RefApp {
                     .toStream()
                     .to(output, Produced.with(Serdes.String(), Serdes.String()));
                 break;
+            case "tumbling-count":
+                // Tumbling 10 s windows, 2 s grace: the count per user and window.
+                events(builder, input)
+                    .groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofSeconds(10), Duration.ofSeconds(2)))
+                    .count(RefApp.<Long>windowStore("counts"))
+                    .toStream()
+                    .to(output, timeWindowedLongs(10_000));
+                break;
+            case "tumbling-suppress":
+                // The same, but only each window's final count, once stream time passes its end + grace.
+                events(builder, input)
+                    .groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofSeconds(10), Duration.ofSeconds(2)))
+                    .count(RefApp.<Long>windowStore("counts"))
+                    .suppress(Suppressed.untilWindowCloses(Suppressed.BufferConfig.unbounded()))
+                    .toStream()
+                    .to(output, timeWindowedLongs(10_000));
+                break;
+            case "hopping-aggregate":
+                // Hopping 30 s windows every 10 s, 5 s grace: the sum of `amount`, written as decimal text
+                // (eddy's JSON number), like the `sum` case.
+                events(builder, input)
+                    .groupByKey()
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofSeconds(30), Duration.ofSeconds(5))
+                        .advanceBy(Duration.ofSeconds(10)))
+                    .aggregate(() -> 0L, (user, e, sum) -> sum + e.amount,
+                        RefApp.<Long>windowStore("sums").withValueSerde(Serdes.Long()))
+                    .toStream()
+                    .mapValues(sum -> sum == null ? null : Long.toString(sum))
+                    .to(output, Produced.with(WindowedSerdes.timeWindowedSerdeFrom(String.class, 30_000), Serdes.String()));
+                break;
+            case "sliding-count":
+                // Sliding windows: records at most 10 s apart, 2 s grace (retention >= 2 * 10 s + 2 s).
+                events(builder, input)
+                    .groupByKey()
+                    .windowedBy(SlidingWindows.ofTimeDifferenceAndGrace(Duration.ofSeconds(10), Duration.ofSeconds(2)))
+                    .count(RefApp.<Long>windowStore("counts"))
+                    .toStream()
+                    .to(output, timeWindowedLongs(10_000));
+                break;
+            case "session-count":
+                // Sessions with a 5 s inactivity gap, 2 s grace; a merge forwards a tombstone (null value)
+                // for every session it replaces.
+                events(builder, input)
+                    .groupByKey()
+                    .windowedBy(SessionWindows.ofInactivityGapAndGrace(Duration.ofSeconds(5), Duration.ofSeconds(2)))
+                    .count(Materialized.<String, Long, SessionStore<Bytes, byte[]>>as("counts").withRetention(RETENTION))
+                    .toStream()
+                    .to(output, Produced.with(WindowedSerdes.sessionWindowedSerdeFrom(String.class), Serdes.Long()));
+                break;
+            case "windowed-reduce":
+                // The largest `amount` per user and tumbling 10 s window (2 s grace), as decimal text.
+                events(builder, input)
+                    .mapValues(e -> e.amount)
+                    .groupByKey(Grouped.with(Serdes.String(), Serdes.Long()))
+                    .windowedBy(TimeWindows.ofSizeAndGrace(Duration.ofSeconds(10), Duration.ofSeconds(2)))
+                    .reduce(Math::max, RefApp.<Long>windowStore("maxes").withValueSerde(Serdes.Long()))
+                    .toStream()
+                    .mapValues(max -> max == null ? null : Long.toString(max))
+                    .to(output, Produced.with(WindowedSerdes.timeWindowedSerdeFrom(String.class, 10_000), Serdes.String()));
+                break;
             default:
-                throw new Cli.UsageException("--case must be count, sum or latest, got '" + caseName + "'");
+                throw new Cli.UsageException("--case must be count, sum, latest or one of " + WINDOWED + ", got '"
+                    + caseName + "'");
         }
         return builder.build();
     }
