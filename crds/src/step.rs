@@ -388,14 +388,12 @@ pub fn stores(topology: &[Step]) -> Vec<StoreDecl<'_>> {
             Step::Count(c) => (c.store.as_str().into(), c.in_memory),
             Step::Aggregate(a) => (a.store.as_str().into(), a.in_memory),
             Step::Reduce(r) => (r.store.as_str().into(), r.in_memory),
-            // The buffer keeps the aggregation's choice of memory or RocksDB.
+            // The buffer is always in RocksDB: it holds every open window, which only disk
+            // bounds, and spills there past the record cache's share of the memory budget.
             Step::Suppress(_) => match out.last() {
-                Some(StoreDecl {
-                    name,
-                    in_memory,
-                    step,
-                    ..
-                }) if *step + 1 == i => (suppress_store(name).into(), *in_memory),
+                Some(StoreDecl { name, step, .. }) if *step + 1 == i => {
+                    (suppress_store(name).into(), false)
+                }
                 _ => continue,
             },
             _ => continue,
@@ -493,7 +491,7 @@ pub(crate) fn schema() -> Value {
                 "inMemory": in_memory}},
             "reduce": {"type": "object", "description": "Combine the records of a key: the first value as it is, then `with`; emits the updated value.", "required": ["store", "with"], "properties": {
                 "store": store_reduce, "with": d(string.clone(), "jq: the new value, with . the record's value and $agg the current one."), "inMemory": in_memory_reduce}},
-            "suppress": {"type": "string", "enum": ["untilWindowCloses"], "description": "After a windowed aggregation: emit one final result per window once stream time passes its end plus grace (buffered in the store <store>-suppress)."},
+            "suppress": {"type": "string", "enum": ["untilWindowCloses"], "description": "After a windowed aggregation: emit one final result per window once stream time passes its end plus grace (buffered in the store <store>-suppress, on disk)."},
             "to": {"type": "object", "description": "Write to a topic, partitioned by Kafka's murmur2 of the key bytes.", "required": ["topic"], "properties": {
                 "topic": d(topic, "The output topic (it must exist)."),
                 "key": d(json!({"type": "string", "enum": ["string", "json", "bytes", "i64", "windowed"]}), "Key format (default: the key's current format; after a window, windowed). A windowed key is written windowed (Kafka Streams' windowed serdes), json ({key, start, end}) or string ([key@start/end])."),

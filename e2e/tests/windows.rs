@@ -273,3 +273,128 @@ fn a_hopping_reduce_restores_its_windows_from_the_changelog() -> Result<()> {
     ensure!(w.stop()? == 0);
     Ok(())
 }
+
+/// Sessions of each user's events (in order, so none is late): events at most `gap` apart
+/// are one session. (user, start, end) -> count.
+fn sessions(events: &[Event], gap: i64) -> BTreeMap<(String, i64, i64), i64> {
+    let mut by_user: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+    for e in events {
+        by_user.entry(&e.user).or_default().push(e.at);
+    }
+    let mut out = BTreeMap::new();
+    for (user, mut times) in by_user {
+        times.sort();
+        let mut cur: Option<(i64, i64, i64)> = None;
+        for t in times {
+            cur = match cur {
+                Some((s, e, n)) if t - e <= gap => Some((s, t, n + 1)),
+                Some((s, e, n)) => {
+                    out.insert((user.to_string(), s, e), n);
+                    Some((t, t, 1))
+                }
+                None => Some((t, t, 1)),
+            };
+        }
+        if let Some((s, e, n)) = cur {
+            out.insert((user.to_string(), s, e), n);
+        }
+    }
+    out
+}
+
+/// A session count with `suppress: untilWindowCloses` across a restart that wipes the state
+/// dir: the session store and the suppression buffer come back from their changelogs, and
+/// each session is written once, whole, when it has closed (end + gap + grace behind stream
+/// time), never before and never twice.
+#[test]
+fn suppressed_sessions_are_emitted_once_whole_across_a_restore() -> Result<()> {
+    let name = unique("visits");
+    let (input, output) = (format!("{name}-in"), format!("{name}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], name.clone());
+    create_topic(&input, 2)?;
+    create_topic(&output, 1)?;
+    let yaml = app(
+        &name,
+        &input,
+        &output,
+        "    - window: {session: 5s, grace: 1s}\n    - count: {store: visits}\n    - suppress: untilWindowCloses\n",
+    );
+    let (gap, grace) = (5_000, 1_000);
+    // In order: every record is on time, so the sessions are those of all the events.
+    let all: Vec<Event> = events(1_200, 8, an_hour_ago()?)
+        .into_iter()
+        .scan(i64::MIN, |last, mut e| {
+            e.at = e.at.max(*last);
+            *last = e.at;
+            Some(e)
+        })
+        .collect();
+    let (first, rest) = all.split_at(600);
+    // Sessions a partition's stream time has closed: what suppress has emitted.
+    let closed = |events: &[Event]| {
+        let mut stream_time: HashMap<i32, i64> = HashMap::new();
+        for e in events {
+            let p = eddy_worker::partitioner::partition_for(e.user.as_bytes(), 2);
+            let st = stream_time.entry(p).or_insert(i64::MIN);
+            *st = (*st).max(e.at);
+        }
+        sessions(events, gap)
+            .into_iter()
+            .filter(|((user, _, end), _)| {
+                let p = eddy_worker::partitioner::partition_for(user.as_bytes(), 2);
+                end + gap + grace <= stream_time[&p]
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    let emitted = || -> Result<(BTreeMap<(String, i64, i64), i64>, usize)> {
+        let records = read_all(&output)?;
+        let mut out = BTreeMap::new();
+        for r in &records {
+            let key: serde_json::Value =
+                serde_json::from_slice(r.key.as_deref().unwrap_or_default())
+                    .context("a JSON key")?;
+            let k = (
+                key["key"].as_str().context("key.key")?.to_string(),
+                key["start"].as_i64().context("key.start")?,
+                key["end"].as_i64().context("key.end")?,
+            );
+            let v = r.value.as_deref().context("suppress emits no tombstones")?;
+            let n = i64::from_be_bytes(v.try_into().context("an i64 count")?);
+            ensure!(
+                out.insert(k.clone(), n).is_none(),
+                "session {k:?} emitted twice"
+            );
+        }
+        Ok((out, records.len()))
+    };
+
+    produce_events(&input, first)?;
+    let dir = tempfile::tempdir()?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    let want = closed(first);
+    ensure!(
+        want.len() > 10,
+        "{} sessions closed in the first half",
+        want.len()
+    );
+    wait_until(DONE, || Ok(emitted()?.0 == want))
+        .with_context(|| format!("closed sessions, once each\n{}", w.logs()))?;
+    ensure!(w.stop()? == 0);
+
+    std::fs::remove_dir_all(dir.path().join("state"))?;
+    produce_events(&input, rest)?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    let want = closed(&all);
+    wait_until(DONE, || Ok(emitted()?.0 == want))
+        .with_context(|| format!("closed sessions after the restore\n{}", w.logs()))?;
+    let (_, n) = emitted()?;
+    ensure!(n == want.len(), "{n} records for {} sessions", want.len());
+    ensure!(
+        sessions(&all, gap).len() > want.len(),
+        "the sessions still open at the end are not emitted"
+    );
+    ensure!(w.stop()? == 0);
+    Ok(())
+}

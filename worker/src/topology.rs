@@ -246,8 +246,8 @@ impl Topology {
         // The window the next aggregation is per, and whether keys are windowed results.
         let mut window: Option<WindowDef> = None;
         let mut windowed = false;
-        // The last windowed aggregation: its store, memory choice and windows (for suppress).
-        let mut last_windowed: Option<(String, bool, Windows)> = None;
+        // The last windowed aggregation: its store and windows (for suppress).
+        let mut last_windowed: Option<(String, Windows)> = None;
         for (i, step) in spec.topology.iter().enumerate().skip(1) {
             let fold = match step {
                 Step::From(_) => return Err(TopologyError::NoSource),
@@ -303,7 +303,7 @@ impl Topology {
                     continue;
                 }
                 Step::Suppress(_) => {
-                    let Some((agg_store, in_memory, windows)) = last_windowed.clone() else {
+                    let Some((agg_store, windows)) = last_windowed.clone() else {
                         return Err(TopologyError::Suppress { step: i });
                     };
                     let buffer = eddy_crds::step::suppress_store(&agg_store);
@@ -317,9 +317,10 @@ impl Topology {
                             value_format,
                         ))
                     });
+                    // On disk whatever the aggregation's store: see `eddy_crds::step::stores`.
                     cur = cur.store(StoreDef {
                         name: buffer,
-                        in_memory,
+                        in_memory: false,
                         key_format: Format::Bytes,
                         value_format: Format::Bytes,
                         forward_to: None,
@@ -330,7 +331,7 @@ impl Topology {
                 }
                 Step::To(to) => {
                     let session =
-                        matches!(last_windowed, Some((_, _, Windows::Session { .. }))) && windowed;
+                        matches!(last_windowed, Some((_, Windows::Session { .. }))) && windowed;
                     let (topic, inner_key_format, value_format) =
                         (to.topic.clone(), kf, to.value.unwrap_or(vf));
                     let key_format = to
@@ -376,7 +377,7 @@ impl Topology {
             let (store, in_memory, value_format, fold) = fold;
             let (key_format, name, def) = (kf, store.clone(), window.take());
             windowed = def.is_some();
-            last_windowed = def.map(|d| (store.clone(), in_memory, d.windows));
+            last_windowed = def.map(|d| (store.clone(), d.windows));
             cur = match def.map(|d| d.windows) {
                 Some(Windows::Time(windows)) => cur.processor(move || {
                     Box::new(steps::window::WindowedAggregation::new(

@@ -47,8 +47,8 @@ struct Args {
     jar: Option<PathBuf>,
     /// Cases to run, comma-separated CASE:GUARANTEE (count, sum, tumbling-count,
     /// tumbling-suppress, hopping-aggregate, sliding-count, session-count, windowed-reduce :
-    /// at_least_once|exactly_once), or `keyed` (count and sum), `windowed` (the windowed cases
-    /// eddy runs today), `all` [default: all].
+    /// at_least_once|exactly_once), or `keyed` (count and sum), `windowed` (the six windowed
+    /// cases), `all` [default: all].
     #[arg(long, conflicts_with = "curve")]
     cases: Option<String>,
     /// Run Kafka Streams' JVM without options (heap up to a quarter of the machine's memory).

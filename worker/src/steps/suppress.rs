@@ -2,7 +2,8 @@
 //! aggregation's updates wait in a buffer store until the window closes, when stream time
 //! passes its end plus the grace (and, for sessions, the gap); only the last value then goes
 //! on, once per window. The buffer is a store like any other: cached, changelogged, restored,
-//! and on disk unless the aggregation is in memory, so it is bounded by the disk, not memory.
+//! and always on disk (even after an in-memory aggregation), so the record cache's share of
+//! the memory budget bounds what it holds in memory and the rest spills to RocksDB.
 
 use crate::processor::{Context, ProcessError, Processor};
 use crate::record::{Data, Record};

@@ -109,6 +109,9 @@ public final class Generate {
         private final SplittableRandom rnd;
         private final int keys;
         private final long step;
+        private final long base;
+        /** Sum of the per-record draws; event time advances by it / keys (exact at any key count). */
+        private long advanced;
         private final long sessionGap;
         private final long[] last;
         private long clock;
@@ -125,15 +128,19 @@ public final class Generate {
         WindowedGen(final long seed, final int keys, final long baseMs, final long meanGapMs, final long sessionGap) {
             this.rnd = new SplittableRandom(seed);
             this.keys = keys;
-            this.step = Math.max(0, 2 * meanGapMs / keys);
+            this.step = Math.max(0, 2 * meanGapMs);
             this.sessionGap = sessionGap;
             this.last = new long[keys];
             java.util.Arrays.fill(last, Long.MIN_VALUE);
             this.clock = baseMs;
+            this.base = baseMs;
         }
 
         void next(final Rec r) {
-            clock += step == 0 ? 0 : rnd.nextLong(step + 1);
+            // A mean step of meanGapMs / keys per record, without rounding it to 0 ms when there
+            // are more keys than 2 x meanGapMs.
+            advanced += step == 0 ? 0 : rnd.nextLong(step + 1);
+            clock = base + advanced / keys;
             int k = rnd.nextInt(keys);
             final int amount = 1 + rnd.nextInt(100);
             final int kind = rnd.nextInt(1000);
