@@ -276,7 +276,10 @@ fn a_hopping_reduce_restores_its_windows_from_the_changelog() -> Result<()> {
 
 /// Sessions of each user's events (in order, so none is late): events at most `gap` apart
 /// are one session. (user, start, end) -> count.
-fn sessions(events: &[Event], gap: i64) -> BTreeMap<(String, i64, i64), i64> {
+/// (user, start, end) of a session, and its count.
+type Sessions = BTreeMap<(String, i64, i64), i64>;
+
+fn sessions(events: &[Event], gap: i64) -> Sessions {
     let mut by_user: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
     for e in events {
         by_user.entry(&e.user).or_default().push(e.at);
@@ -346,7 +349,7 @@ fn suppressed_sessions_are_emitted_once_whole_across_a_restore() -> Result<()> {
             })
             .collect::<BTreeMap<_, _>>()
     };
-    let emitted = || -> Result<(BTreeMap<(String, i64, i64), i64>, usize)> {
+    let emitted = || -> Result<(Sessions, usize)> {
         let records = read_all(&output)?;
         let mut out = BTreeMap::new();
         for r in &records {
