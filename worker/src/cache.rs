@@ -136,12 +136,9 @@ impl StoreState {
         let value = d
             .value
             .as_deref()
-            .map(|v| {
-                if self.timestamped {
-                    v.get(8..).unwrap_or_default()
-                } else {
-                    v
-                }
+            .map(|v| match self.timestamped {
+                true => crate::window::split_timestamp(v).map_or(&[][..], |(_, v)| v),
+                false => v,
             })
             .map(|v| Data::raw(v, self.value_format));
         match self.segments.and_then(|s| s.schema.split(&d.key)) {

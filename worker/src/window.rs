@@ -235,6 +235,24 @@ impl std::fmt::Display for TimeWindows {
 }
 
 const START_LEN: usize = 8;
+
+/// Bytes of the timestamp some stored values start with (sliding windows' largest record time,
+/// a suppression buffer's record time).
+pub const TIMESTAMP_LEN: usize = 8;
+
+/// A value stored with its timestamp in front: `ts` then `value`.
+pub fn with_timestamp(ts: i64, value: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(TIMESTAMP_LEN + value.len());
+    v.extend_from_slice(&ts.to_be_bytes());
+    v.extend_from_slice(value);
+    v
+}
+
+/// The timestamp and value of [`with_timestamp`]'s bytes; `None` if too short.
+pub fn split_timestamp(v: &[u8]) -> Option<(i64, &[u8])> {
+    let (ts, value) = v.split_at_checked(TIMESTAMP_LEN)?;
+    Some((i64::from_be_bytes(ts.try_into().ok()?), value))
+}
 const SEGMENT_LEN: usize = 8;
 
 /// Changelog and cache key of a window: the inner key, then the start (big-endian, so a

@@ -171,6 +171,23 @@ pub(crate) fn key_bytes(r: &Record, format: Format) -> Result<Option<Vec<u8>>, P
     }
 }
 
+/// A windowed aggregation's key bytes ([`key_bytes`]); a record at a negative event time is
+/// dropped, as windows (`what`: windows or sessions) start at 0.
+pub(crate) fn windowed_key(
+    r: &Record,
+    format: Format,
+    what: &str,
+) -> Result<Option<Vec<u8>>, ProcessError> {
+    let key = key_bytes(r, format)?;
+    if r.timestamp < 0 {
+        return Err(ProcessError::Skip(format!(
+            "timestamp {} is negative: {what} start at 0",
+            r.timestamp
+        )));
+    }
+    Ok(key)
+}
+
 /// How an aggregation combines a record with what its store holds for the key (or the key
 /// and window).
 #[derive(Clone)]
@@ -188,6 +205,26 @@ pub enum Fold {
     Reduce { with: Expr, format: Format },
 }
 
+/// What an aggregation's store holds is corrupt: the worker stops rather than guess.
+fn corrupt(store: &str, what: &str) -> ProcessError {
+    ProcessError::Fatal(format!("store {store:?} holds {what}"))
+}
+
+/// A stored count.
+fn stored_count(store: &str, b: &[u8]) -> Result<i64, ProcessError> {
+    <[u8; 8]>::try_from(b)
+        .map(i64::from_be_bytes)
+        .map_err(|_| corrupt(store, "a count that is not 8 bytes"))
+}
+
+/// A stored aggregate or reduced value, as jq sees it.
+fn stored_val(store: &str, format: Format, b: &[u8]) -> Result<Val, ProcessError> {
+    format::decode(format, b).map_err(|e| match format {
+        Format::Json => corrupt(store, &format!("bad JSON: {e}")),
+        _ => corrupt(store, &format!("a value that is not {format:?}: {e}")),
+    })
+}
+
 impl Fold {
     /// The new stored bytes after `r`, given the old ones. `window` is the record's window
     /// in a windowed aggregation (`$window` in the expressions).
@@ -198,24 +235,15 @@ impl Fold {
         r: &Record,
         window: Val,
     ) -> Result<Vec<u8>, ProcessError> {
-        let corrupt = |what: &str| ProcessError::Fatal(format!("store {store:?} holds {what}"));
         match self {
             Fold::Count => {
-                let n = match old {
-                    Some(b) => i64::from_be_bytes(
-                        b.as_slice()
-                            .try_into()
-                            .map_err(|_| corrupt("a count that is not 8 bytes"))?,
-                    ),
-                    None => 0,
-                };
+                let n = old.map_or(Ok(0), |b| stored_count(store, &b))?;
                 Ok((n + 1).to_be_bytes().to_vec())
             }
             Fold::Aggregate { initial, add, .. } => {
                 let (k, ts) = (val_of(&r.key)?, from_i64(r.timestamp));
                 let agg = match old {
-                    Some(b) => format::decode(Format::Json, &b)
-                        .map_err(|e| corrupt(&format!("bad JSON: {e}")))?,
+                    Some(b) => stored_val(store, Format::Json, &b)?,
                     None => one(initial, &r.value, &[k.clone(), ts.clone(), window.clone()])?,
                 };
                 let new = one(add, &r.value, &[k, ts, window, agg])?;
@@ -231,8 +259,7 @@ impl Fold {
                         .map_err(ProcessError::bad)?
                         .into_owned());
                 };
-                let agg = format::decode(*format, &b)
-                    .map_err(|e| corrupt(&format!("a value that is not {format:?}: {e}")))?;
+                let agg = stored_val(store, *format, &b)?;
                 let new = one(
                     with,
                     &r.value,
@@ -242,9 +269,7 @@ impl Fold {
             }
         }
     }
-}
 
-impl Fold {
     /// Combine what a session store holds for a session a record bridges (`other`) into
     /// the aggregate so far (`None`: nothing yet). As Kafka Streams' session aggregation, an
     /// `aggregate` starts from `initial` of the record, then merges each session in turn;
@@ -257,16 +282,10 @@ impl Fold {
         r: &Record,
         window: Val,
     ) -> Result<Vec<u8>, ProcessError> {
-        let corrupt = |what: &str| ProcessError::Fatal(format!("store {store:?} holds {what}"));
-        let count = |b: &[u8]| {
-            <[u8; 8]>::try_from(b)
-                .map(i64::from_be_bytes)
-                .map_err(|_| corrupt("a count that is not 8 bytes"))
-        };
         match self {
             Fold::Count => {
-                let a = agg.as_deref().map_or(Ok(0), count)?;
-                Ok((a + count(other)?).to_be_bytes().to_vec())
+                let a = agg.map_or(Ok(0), |b| stored_count(store, &b))?;
+                Ok((a + stored_count(store, other)?).to_be_bytes().to_vec())
             }
             Fold::Aggregate { initial, merge, .. } => {
                 let merge = merge.as_ref().ok_or_else(|| {
@@ -276,12 +295,10 @@ impl Fold {
                 })?;
                 let (k, ts) = (val_of(&r.key)?, from_i64(r.timestamp));
                 let a = match agg {
-                    Some(b) => format::decode(Format::Json, &b)
-                        .map_err(|e| corrupt(&format!("bad JSON: {e}")))?,
+                    Some(b) => stored_val(store, Format::Json, &b)?,
                     None => one(initial, &r.value, &[k.clone(), ts.clone(), window.clone()])?,
                 };
-                let o = format::decode(Format::Json, other)
-                    .map_err(|e| corrupt(&format!("bad JSON: {e}")))?;
+                let o = stored_val(store, Format::Json, other)?;
                 let new = one(merge, &r.value, &[k, ts, window, a, o])?;
                 format::encode(Format::Json, &new).map_err(ProcessError::bad)
             }
@@ -289,8 +306,7 @@ impl Fold {
                 let Some(a) = agg else {
                     return Ok(other.to_vec());
                 };
-                let a = format::decode(*format, &a)
-                    .map_err(|e| corrupt(&format!("a value that is not {format:?}: {e}")))?;
+                let a = stored_val(store, *format, &a)?;
                 let o = Some(Data::raw(other, *format));
                 let new = one(
                     with,

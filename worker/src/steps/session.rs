@@ -3,7 +3,7 @@
 //! apart make one session; a record that falls between two sessions merges them into one,
 //! and each session it replaces is deleted, which goes downstream as a tombstone.
 
-use super::{Fold, key_bytes, window_object};
+use super::{Fold, window_object, windowed_key};
 use crate::processor::{Context, ProcessError, Processor};
 use crate::record::Record;
 use crate::window::{KeySchema, Window};
@@ -35,15 +35,10 @@ impl SessionAggregation {
 
 impl Processor for SessionAggregation {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        let Some(key) = key_bytes(&r, self.key_format)? else {
+        let Some(key) = windowed_key(&r, self.key_format, "sessions")? else {
             return Ok(());
         };
         let ts = r.timestamp;
-        if ts < 0 {
-            return Err(ProcessError::Skip(format!(
-                "timestamp {ts} is negative: sessions start at 0"
-            )));
-        }
         self.observed = self.observed.max(ts);
         // A session ending before this can no longer change: a record would have to be later
         // than the grace period to reach it.

@@ -10,10 +10,10 @@
 //! record of the key lies decides which windows a record creates. The prefix stays in the
 //! store and changelog; downstream sees the aggregate alone.
 
-use super::{Fold, key_bytes, window_object};
+use super::{Fold, window_object, windowed_key};
 use crate::processor::{Context, KeyValueStore, ProcessError, Processor};
 use crate::record::Record;
-use crate::window::{KeySchema, Window};
+use crate::window::{self, KeySchema, Window};
 use eddy_crds::Format;
 
 pub struct SlidingAggregation {
@@ -34,21 +34,15 @@ struct Agg {
 }
 
 /// A stored value: the timestamp prefix, then the aggregate.
-pub(crate) const TS_LEN: usize = 8;
-
 fn decode(store: &str, v: &[u8]) -> Result<Agg, ProcessError> {
-    let ts = v
-        .get(..TS_LEN)
-        .and_then(|b| <[u8; TS_LEN]>::try_from(b).ok())
-        .map(i64::from_be_bytes)
-        .ok_or_else(|| {
-            ProcessError::Fatal(format!(
-                "store {store:?} holds a sliding window value without its timestamp"
-            ))
-        })?;
+    let (max_ts, value) = window::split_timestamp(v).ok_or_else(|| {
+        ProcessError::Fatal(format!(
+            "store {store:?} holds a sliding window value without its timestamp"
+        ))
+    })?;
     Ok(Agg {
-        max_ts: ts,
-        value: v[TS_LEN..].to_vec(),
+        max_ts,
+        value: value.to_vec(),
     })
 }
 
@@ -97,11 +91,9 @@ impl SlidingAggregation {
     }
 
     fn put(&self, store: &mut KeyValueStore<'_>, key: &[u8], start: i64, agg: &Agg) {
-        let mut v = agg.max_ts.to_be_bytes().to_vec();
-        v.extend_from_slice(&agg.value);
         store.put(
-            &KeySchema::Window { size: self.size }.key(key, start_window(start)),
-            &v,
+            &window::key(key, start),
+            &window::with_timestamp(agg.max_ts, &agg.value),
             agg.max_ts,
         );
         store.observe_window(start);
@@ -235,10 +227,6 @@ impl SlidingAggregation {
     }
 }
 
-fn start_window(start: i64) -> Window {
-    Window { start, end: start }
-}
-
 fn unexpected(start: i64, ts: i64) -> ProcessError {
     ProcessError::Fatal(format!(
         "sliding window store holds a window starting at {start}, which a record at {ts} cannot meet: the store was written with other windows"
@@ -247,15 +235,10 @@ fn unexpected(start: i64, ts: i64) -> ProcessError {
 
 impl Processor for SlidingAggregation {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        let Some(key) = key_bytes(&r, self.key_format)? else {
+        let Some(key) = windowed_key(&r, self.key_format, "windows")? else {
             return Ok(());
         };
         let ts = r.timestamp;
-        if ts < 0 {
-            return Err(ProcessError::Skip(format!(
-                "timestamp {ts} is negative: windows start at 0"
-            )));
-        }
         self.observed = self.observed.max(ts);
         let close = self.observed.saturating_sub(self.grace);
         if ts.saturating_add(1).saturating_add(self.size) <= close {

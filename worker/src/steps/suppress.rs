@@ -7,7 +7,10 @@
 
 use crate::processor::{Context, ProcessError, Processor};
 use crate::record::{Data, Record};
-use crate::window::KeySchema;
+use crate::window::{self, KeySchema};
+
+/// Bytes of the window end in front of a buffer key.
+const END_LEN: usize = 8;
 use eddy_crds::Format;
 
 pub struct Suppress {
@@ -45,8 +48,6 @@ impl Suppress {
     }
 }
 
-const TS_LEN: usize = 8;
-
 impl Processor for Suppress {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
         let (Some(key), Some(w)) = (&r.key, r.window) else {
@@ -63,9 +64,8 @@ impl Processor for Suppress {
             // A session merged into another: it never closes, nothing to emit.
             None => buffer.delete(&bkey, r.timestamp),
             Some(v) => {
-                let mut value = r.timestamp.to_be_bytes().to_vec();
-                value.extend_from_slice(&v.to_bytes(self.value_format).map_err(ProcessError::bad)?);
-                buffer.put(&bkey, &value, r.timestamp);
+                let v = v.to_bytes(self.value_format).map_err(ProcessError::bad)?;
+                buffer.put(&bkey, &window::with_timestamp(r.timestamp, &v), r.timestamp);
             }
         }
         self.floor = self.floor.min(w.end.max(0));
@@ -89,19 +89,15 @@ impl Processor for Suppress {
             };
             let (inner, w) = self
                 .schema
-                .split(k.get(TS_LEN..).ok_or_else(corrupt)?)
+                .split(k.get(END_LEN..).ok_or_else(corrupt)?)
                 .ok_or_else(corrupt)?;
-            let ts = v
-                .get(..TS_LEN)
-                .and_then(|b| <[u8; TS_LEN]>::try_from(b).ok())
-                .map(i64::from_be_bytes)
-                .ok_or_else(corrupt)?;
+            let (ts, value) = window::split_timestamp(&v).ok_or_else(corrupt)?;
             buffer.delete(&k, ts);
             out.push(Record {
                 window: Some(w),
                 ..Record::new(
                     Some(Data::raw(inner, self.key_format)),
-                    Some(Data::raw(&v[TS_LEN..], self.value_format)),
+                    Some(Data::raw(value, self.value_format)),
                     ts,
                 )
             });

@@ -3,7 +3,7 @@
 //! a window closes once stream time passes its end plus the grace period, and a record for a
 //! closed window is dropped and counted.
 
-use super::{Fold, key_bytes, window_object};
+use super::{Fold, window_object, windowed_key};
 use crate::processor::{Context, ProcessError, Processor};
 use crate::record::Record;
 use crate::window::{self, TimeWindows};
@@ -33,15 +33,9 @@ impl WindowedAggregation {
 
 impl Processor for WindowedAggregation {
     fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
-        let Some(key) = key_bytes(&r, self.key_format)? else {
+        let Some(key) = windowed_key(&r, self.key_format, "windows")? else {
             return Ok(());
         };
-        if r.timestamp < 0 {
-            return Err(ProcessError::Skip(format!(
-                "timestamp {} is negative: windows start at 0",
-                r.timestamp
-            )));
-        }
         self.observed = self.observed.max(r.timestamp);
         let close = self.observed.saturating_sub(self.windows.grace);
         let mut store = ctx.store(&self.store)?;
