@@ -41,6 +41,54 @@ impl Processor for FirstPerKey {
     }
 }
 
+/// A worker for `app` with `spec` (YAML lines, e.g. the guarantee), its state in `dir`,
+/// running one sub-topology that reads `input` as bytes through what `sub` adds.
+fn config(
+    app: &str,
+    spec: &str,
+    input: &str,
+    dir: &std::path::Path,
+    sub: impl FnOnce(SubTopology) -> SubTopology,
+) -> Result<WorkerConfig> {
+    let mut cfg = WorkerConfig::from_text(
+        &format!(
+            "applicationId: {app}\n{spec}commitIntervalMs: 100\ntopology: [{{from: {{topic: {input}, value: bytes}}}}]\n"
+        ),
+        std::path::Path::new("embedded"),
+        Overrides {
+            bootstrap_servers: Some(bootstrap()?),
+            state_dir: Some(dir.to_path_buf()),
+            ..Default::default()
+        },
+    )?;
+    let source = Source {
+        topic: input.to_string(),
+        key_format: Format::Bytes,
+        value_format: Format::Bytes,
+        internal: false,
+    };
+    cfg.topology = Topology {
+        subtopologies: vec![sub(SubTopology::new(0, source))],
+    };
+    Ok(cfg)
+}
+
+/// Run the worker until `done(records processed)` holds, then stop it cleanly.
+fn run_until(cfg: WorkerConfig, done: impl Fn(f64) -> bool) -> Result<()> {
+    let status = Arc::new(Status::default());
+    let metrics = Arc::new(eddy_worker::metrics::Metrics::new());
+    let (s, m) = (status.clone(), metrics.clone());
+    let worker = std::thread::spawn(move || eddy_worker::run(&cfg, m, s));
+    let processed = || eddy_e2e::sum_metric(&metrics.encode(), "eddy_records_processed_total", &[]);
+    let waited = wait_until(Duration::from_secs(120), || Ok(done(processed())));
+    let seen = processed();
+    status.shutdown.store(true, Ordering::Relaxed);
+    worker
+        .join()
+        .map_err(|_| anyhow::anyhow!("worker panicked"))??;
+    waited.map_err(|e| e.context(format!("{seen} records processed")))
+}
+
 #[test]
 fn a_custom_processor_uses_a_store_and_survives_a_restart() -> Result<()> {
     let app = unique("embedded");
@@ -58,61 +106,17 @@ fn a_custom_processor_uses_a_store_and_survives_a_restart() -> Result<()> {
     produce(&input, &records)?;
     let dir = tempfile::tempdir()?;
     let run = || -> Result<()> {
-        let mut cfg = WorkerConfig::from_text(
-            &format!(
-                "applicationId: {app}\ncommitIntervalMs: 100\ntopology: [{{from: {{topic: {input}, value: bytes}}}}]\n"
-            ),
-            std::path::Path::new("embedded"),
-            Overrides {
-                bootstrap_servers: Some(bootstrap()?),
-                state_dir: Some(dir.path().to_path_buf()),
-                ..Default::default()
-            },
-        )?;
         let out = output.clone();
-        cfg.topology = Topology {
-            subtopologies: vec![
-                SubTopology::new(
-                    0,
-                    Source {
-                        topic: input.clone(),
-                        key_format: Format::Bytes,
-                        value_format: Format::Bytes,
-                        internal: false,
-                    },
-                )
-                .processor(move || {
-                    Box::new(FirstPerKey {
-                        output: out.clone(),
-                    })
+        let cfg = config(&app, "", &input, dir.path(), |sub| {
+            sub.processor(move || {
+                Box::new(FirstPerKey {
+                    output: out.clone(),
                 })
-                .store(StoreDef {
-                    name: "seen".into(),
-                    in_memory: false,
-                    key_format: Format::Bytes,
-                    value_format: Format::Bytes,
-                    forward_to: None,
-                    window: None,
-                    ordered: false,
-                })
-                .sink(&output),
-            ],
-        };
-        let status = Arc::new(Status::default());
-        let metrics = Arc::new(eddy_worker::metrics::Metrics::new());
-        let (s, m) = (status.clone(), metrics.clone());
-        let worker = std::thread::spawn(move || eddy_worker::run(&cfg, m, s));
-        wait_until(Duration::from_secs(120), || {
-            Ok(
-                eddy_e2e::sum_metric(&metrics.encode(), "eddy_records_processed_total", &[])
-                    >= 1000.0,
-            )
+            })
+            .store(StoreDef::key_value("seen", Format::Bytes, Format::Bytes))
+            .sink(&output)
         })?;
-        status.shutdown.store(true, Ordering::Relaxed);
-        worker
-            .join()
-            .map_err(|_| anyhow::anyhow!("worker panicked"))??;
-        Ok(())
+        run_until(cfg, |processed| processed >= 1000.0)
     };
     run()?;
     ensure!(read_all(&output)?.len() == 40, "one record per key");
@@ -255,33 +259,17 @@ fn custom_processors_use_window_and_session_stores_and_punctuate() -> Result<()>
         .collect();
     produce_at(&input, &records)?;
     let dir = tempfile::tempdir()?;
-    let mut cfg = WorkerConfig::from_text(
-        &format!(
-            "applicationId: {app}\nprocessingGuarantee: exactly_once\ncommitIntervalMs: 100\ntopology: [{{from: {{topic: {input}, value: bytes}}}}]\n"
-        ),
-        std::path::Path::new("embedded"),
-        Overrides {
-            bootstrap_servers: Some(bootstrap()?),
-            state_dir: Some(dir.path().to_path_buf()),
-            ..Default::default()
-        },
-    )?;
     let (out, out2) = (output.clone(), output.clone());
     let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = ticks.clone();
     let retention = eddy_crds::Duration::from_millis(3_600_000);
-    cfg.topology = Topology {
-        subtopologies: vec![
-            SubTopology::new(
-                0,
-                Source {
-                    topic: input.clone(),
-                    key_format: Format::Bytes,
-                    value_format: Format::Bytes,
-                    internal: false,
-                },
-            )
-            .processor(move || {
+    let cfg = config(
+        &app,
+        "processingGuarantee: exactly_once\n",
+        &input,
+        dir.path(),
+        |sub| {
+            sub.processor(move || {
                 Box::new(Summaries {
                     output: out.clone(),
                 })
@@ -305,30 +293,14 @@ fn custom_processors_use_window_and_session_stores_and_punctuate() -> Result<()>
                 Format::I64,
                 retention,
             ))
-            .sink(&output),
-        ],
-    };
-    let status = Arc::new(Status::default());
-    let metrics = Arc::new(eddy_worker::metrics::Metrics::new());
-    let (s, m) = (status.clone(), metrics.clone());
-    let worker = std::thread::spawn(move || eddy_worker::run(&cfg, m, s));
+            .sink(&output)
+        },
+    )?;
     // The output grows every 100 ms while the worker runs: it is read after it stops.
-    let done = wait_until(Duration::from_secs(120), || {
-        let processed =
-            eddy_e2e::sum_metric(&metrics.encode(), "eddy_records_processed_total", &[]);
-        Ok(processed >= 60.0 && ticks.load(Ordering::Relaxed) >= 3)
-    });
-    let processed = eddy_e2e::sum_metric(&metrics.encode(), "eddy_records_processed_total", &[]);
-    status.shutdown.store(true, Ordering::Relaxed);
-    worker
-        .join()
-        .map_err(|_| anyhow::anyhow!("worker panicked"))??;
-    done.map_err(|e| {
-        e.context(format!(
-            "{processed} records processed, {} ticks",
-            ticks.load(Ordering::Relaxed)
-        ))
-    })?;
+    run_until(cfg, |processed| {
+        processed >= 60.0 && ticks.load(Ordering::Relaxed) >= 3
+    })
+    .map_err(|e| e.context(format!("{} ticks", ticks.load(Ordering::Relaxed))))?;
     let out = read_all(&output)?;
     let written = out
         .iter()
