@@ -225,10 +225,7 @@ impl StoreState {
                 .range(from.to_vec()..to.to_vec())
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            (Backend::Rocks, Some(db)) => db
-                .range(&self.name, from, to, usize::MAX)?
-                .into_iter()
-                .collect(),
+            (Backend::Rocks, Some(db)) => db.range(&self.name, from, to)?.into_iter().collect(),
             (Backend::Rocks, None) => BTreeMap::new(),
         };
         self.overlay(&mut found, from.to_vec()..to.to_vec(), |_| true);

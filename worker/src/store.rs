@@ -453,19 +453,13 @@ impl TaskDb {
         Ok(out)
     }
 
-    /// The keys and values of a key-value store in `[from, to)`, in key order, at most `limit`.
-    pub fn range(
-        &self,
-        store: &str,
-        from: &[u8],
-        to: &[u8],
-        limit: usize,
-    ) -> Result<Entries, StoreError> {
+    /// The keys and values of a key-value store in `[from, to)`, in key order.
+    pub fn range(&self, store: &str, from: &[u8], to: &[u8]) -> Result<Entries, StoreError> {
         let mut it = self.db.raw_iterator_cf(self.cf(store)?);
         it.seek(from);
         let mut out = Vec::new();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if k >= to || out.len() >= limit {
+            if k >= to {
                 break;
             }
             out.push((k.to_vec(), v.to_vec()));
