@@ -984,11 +984,15 @@ fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
 
     // Killed once the restore is under way (~30 MB: several batches).
     let mut w = Worker::start(&yaml, dir.path())?;
+    // Polled every few ms, not wait_until's 100 ms: a bulk restore of this size can finish
+    // between two 100 ms polls.
+    let deadline = std::time::Instant::now() + READY;
     let mut at = 0.0;
-    wait_until(READY, || {
+    while at == 0.0 {
+        ensure!(std::time::Instant::now() < deadline, "the restore did not start");
+        std::thread::sleep(Duration::from_millis(2));
         at = w.metric("eddy_restored_records_total", &[]).unwrap_or(0.0);
-        Ok(at > 0.0)
-    })?;
+    }
     w.kill9()?;
     ensure!(
         at < keys as f64,
