@@ -9,7 +9,9 @@ use crate::record::{Data, Record};
 use crate::store::{Entries, MemoryStore, StoreError, TaskDb};
 use crate::window::Segments;
 use eddy_crds::Format;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound::{Excluded, Included, Unbounded};
+use std::sync::Arc;
 
 /// Where a store's committed data lives.
 pub enum Backend {
@@ -23,6 +25,58 @@ struct Entry {
     timestamp: i64,
     /// When it was last put, for flushing ordered stores in update order.
     seq: u64,
+}
+
+/// A cached key: one allocation shared by the map and the dirty and flushed lists.
+type Key = Arc<[u8]>;
+
+/// The cache's entries: hashed for point reads, or in key order for stores read by range
+/// (window and session stores, suppression buffers), which then need no second index.
+enum Map {
+    Hashed(HashMap<Key, Entry>),
+    Ordered(BTreeMap<Key, Entry>),
+}
+
+impl Map {
+    fn get(&self, key: &[u8]) -> Option<&Entry> {
+        match self {
+            Map::Hashed(m) => m.get(key),
+            Map::Ordered(m) => m.get(key),
+        }
+    }
+
+    fn get_mut(&mut self, key: &[u8]) -> Option<&mut Entry> {
+        match self {
+            Map::Hashed(m) => m.get_mut(key),
+            Map::Ordered(m) => m.get_mut(key),
+        }
+    }
+
+    fn insert(&mut self, key: Key, e: Entry) {
+        match self {
+            Map::Hashed(m) => m.insert(key, e),
+            Map::Ordered(m) => m.insert(key, e),
+        };
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&Key, &mut Entry) -> bool) {
+        match self {
+            Map::Hashed(m) => m.retain(keep),
+            Map::Ordered(m) => m.retain(keep),
+        }
+    }
+
+    /// Empty again, giving back the memory a burst of keys made the map grow to.
+    fn clear(&mut self) {
+        match self {
+            Map::Hashed(m) => *m = HashMap::new(),
+            Map::Ordered(m) => m.clear(),
+        }
+    }
+
+    fn is_ordered(&self) -> bool {
+        matches!(self, Map::Ordered(_))
+    }
 }
 
 /// One store of one task: its cache, its backend and what the topology knows about it.
@@ -41,14 +95,11 @@ pub struct StoreState {
     pub timestamped: bool,
     /// The largest window start put, which expiry counts retention back from.
     observed: Option<i64>,
-    entries: HashMap<Vec<u8>, Entry>,
-    /// The keys of `entries` in order, for stores read by range (window and session stores,
-    /// suppression buffers): a key-value store's point reads do without the upkeep.
-    ordered: Option<BTreeSet<Vec<u8>>>,
+    entries: Map,
     /// Keys that turned dirty since the last flush, so a flush never scans clean entries.
-    dirty: Vec<Vec<u8>>,
+    dirty: Vec<Key>,
     /// Keys flushed since the last commit: what the commit writes to the store.
-    flushed: Vec<Vec<u8>>,
+    flushed: Vec<Key>,
     /// All entries, dirty, flushed or committed.
     bytes: usize,
     /// Entries turned dirty since the last flush.
@@ -66,7 +117,13 @@ pub struct Dirty {
     pub timestamp: i64,
 }
 
-const ENTRY_OVERHEAD: usize = 64;
+/// What an entry costs beyond its key and value bytes, charged so that the cache's real
+/// memory stays within its share: its slot in the map (twice its size: a hash table is
+/// between half and 7/8 full, a B-tree's nodes two thirds), the key's handles in the dirty
+/// and flushed lists, and the heap headers of the key and value allocations (16 bytes each
+/// in glibc, plus the key's reference counts).
+const ENTRY_OVERHEAD: usize =
+    2 * size_of::<(Key, Entry)>() + 2 * size_of::<Key>() + 2 * 16 + 2 * size_of::<usize>();
 
 /// Committed changes of one store: `None` deletes the key.
 pub type Changes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
@@ -89,8 +146,7 @@ impl StoreState {
             segments: None,
             timestamped: false,
             observed: None,
-            entries: HashMap::new(),
-            ordered: None,
+            entries: Map::Hashed(HashMap::new()),
             dirty: Vec::new(),
             flushed: Vec::new(),
             bytes: 0,
@@ -152,7 +208,9 @@ impl StoreState {
 
     /// Keep the cache's keys in order, so that [`Self::fetch`] and [`Self::range`] see them.
     pub fn keep_order(&mut self) {
-        self.ordered = Some(self.entries.keys().cloned().collect());
+        if let Map::Hashed(m) = &mut self.entries {
+            self.entries = Map::Ordered(std::mem::take(m).into_iter().collect());
+        }
     }
 
     /// The windows of `inner` whose time (a window's start, a session's end) is in
@@ -181,7 +239,7 @@ impl StoreState {
             }
             (Backend::Rocks, None) => BTreeMap::new(),
         };
-        self.overlay(&mut found, lo..=hi, matches);
+        self.overlay(&mut found, (Included(&lo), Included(&hi)), matches);
         Ok(found.into_iter().collect())
     }
 
@@ -206,7 +264,7 @@ impl StoreState {
             (Backend::Rocks, Some(db)) => db.fetch_all(&self.name, from, to)?.into_iter().collect(),
             (Backend::Rocks, None) => BTreeMap::new(),
         };
-        self.overlay(&mut found, .., in_range);
+        self.overlay(&mut found, (Unbounded, Unbounded), in_range);
         let mut out: Entries = found.into_iter().collect();
         out.sort_by_key(|(k, _)| schema.time(k));
         Ok(out)
@@ -228,7 +286,7 @@ impl StoreState {
             (Backend::Rocks, Some(db)) => db.range(&self.name, from, to)?.into_iter().collect(),
             (Backend::Rocks, None) => BTreeMap::new(),
         };
-        self.overlay(&mut found, from.to_vec()..to.to_vec(), |_| true);
+        self.overlay(&mut found, (Included(from), Excluded(to)), |_| true);
         Ok(found.into_iter().collect())
     }
 
@@ -237,16 +295,16 @@ impl StoreState {
     fn overlay(
         &self,
         found: &mut BTreeMap<Vec<u8>, Vec<u8>>,
-        keys: impl std::ops::RangeBounds<Vec<u8>>,
+        keys: (std::ops::Bound<&[u8]>, std::ops::Bound<&[u8]>),
         keep: impl Fn(&[u8]) -> bool,
     ) {
-        let Some(ordered) = &self.ordered else {
+        let Map::Ordered(entries) = &self.entries else {
             return;
         };
-        for k in ordered.range(keys).filter(|k| keep(k)) {
-            match self.entries.get(k).and_then(|e| e.value.as_ref()) {
-                Some(v) => found.insert(k.clone(), v.clone()),
-                None => found.remove(k),
+        for (k, e) in entries.range::<[u8], _>(keys).filter(|(k, _)| keep(k)) {
+            match &e.value {
+                Some(v) => found.insert(k.to_vec(), v.clone()),
+                None => found.remove(&k[..]),
             };
         }
     }
@@ -258,7 +316,7 @@ impl StoreState {
     pub fn put(&mut self, key: &[u8], value: Option<Vec<u8>>, timestamp: i64) {
         let add = value.as_ref().map_or(0, Vec::len);
         self.seq += 1;
-        let (seq, ordered) = (self.seq, self.ordered.is_some());
+        let (seq, ordered) = (self.seq, self.entries.is_ordered());
         match self.entries.get_mut(key) {
             Some(e) => {
                 e.seq = seq;
@@ -270,7 +328,7 @@ impl StoreState {
                 self.bytes = self.bytes + add - e.value.as_ref().map_or(0, Vec::len);
                 e.value = value;
                 if !e.dirty {
-                    self.dirty.push(key.to_vec());
+                    self.dirty.push(Key::from(key));
                     self.dirty_bytes += key.len() + add + ENTRY_OVERHEAD;
                 }
                 e.dirty = true;
@@ -279,12 +337,10 @@ impl StoreState {
             None => {
                 self.bytes += key.len() + add + ENTRY_OVERHEAD;
                 self.dirty_bytes += key.len() + add + ENTRY_OVERHEAD;
-                self.dirty.push(key.to_vec());
-                if let Some(o) = &mut self.ordered {
-                    o.insert(key.to_vec());
-                }
+                let key = Key::from(key);
+                self.dirty.push(key.clone());
                 self.entries.insert(
-                    key.to_vec(),
+                    key,
                     Entry {
                         value,
                         dirty: true,
@@ -344,8 +400,13 @@ impl StoreState {
         // Ordered stores flush in the order of their last updates, as Kafka Streams' cache
         // does: a window's final update then never reaches a suppression after a record that
         // came later and closed it.
-        if self.ordered.is_some() {
-            keys.sort_by_key(|k| self.entries.get(k).map_or(0, |e| e.seq));
+        if self.entries.is_ordered() {
+            let mut by_seq: Vec<(u64, Key)> = keys
+                .into_iter()
+                .map(|k| (self.entries.get(&k).map_or(0, |e| e.seq), k))
+                .collect();
+            by_seq.sort_unstable_by_key(|(seq, _)| *seq);
+            keys = by_seq.into_iter().map(|(_, k)| k).collect();
         }
         for key in keys {
             if let Some(e) = self.entries.get_mut(&key) {
@@ -353,7 +414,7 @@ impl StoreState {
                 out.push(Dirty {
                     value: e.value.clone(),
                     timestamp: e.timestamp,
-                    key: key.clone(),
+                    key: key.to_vec(),
                 });
                 self.flushed.push(key);
             }
@@ -368,15 +429,16 @@ impl StoreState {
         let mut changes = Vec::with_capacity(self.flushed.len());
         for key in std::mem::take(&mut self.flushed) {
             if let Some(e) = self.entries.get(&key) {
-                changes.push((key, e.value.clone()));
+                changes.push((key.to_vec(), e.value.clone()));
             }
         }
         if self.bytes > keep {
-            self.entries.retain(|_, e| e.dirty);
-            self.bytes = self.dirty_bytes;
-            if let Some(o) = &mut self.ordered {
-                o.retain(|k| self.entries.contains_key(k));
+            if self.dirty.is_empty() {
+                self.entries.clear();
+            } else {
+                self.entries.retain(|_, e| e.dirty);
             }
+            self.bytes = self.dirty_bytes;
         }
         changes
     }

@@ -251,7 +251,7 @@ impl Task {
             .iter()
             .map(StoreState::dirty_bytes)
             .sum::<usize>()
-            > self.cache_share
+            > self.cache_share / 2
         {
             self.flush()?;
         }
@@ -319,9 +319,10 @@ impl Task {
     }
 
     /// Flushed-but-uncommitted state is held in memory until the commit writes it to the
-    /// store: past twice the cache share (at least 4 MiB) commit early to keep memory bounded.
+    /// store: past the cache share commit early, so the cache stays within its budget. (Dirty
+    /// entries flush at half the share; clean copies keep at most the other half.)
     pub fn wants_commit(&self) -> bool {
-        self.cache_bytes() > (2 * self.cache_share).max(4 << 20)
+        self.cache_bytes() > self.cache_share
     }
 
     /// Pass a record through the processors from `start` on.
@@ -461,7 +462,7 @@ impl Task {
     /// state and knows exactly where its changelog tail starts.
     pub fn write_committed(&mut self) -> Result<(), TaskError> {
         let mut batch: Vec<(String, Changes, Option<i64>)> = Vec::new();
-        let keep = self.cache_share / self.stores.len().max(1);
+        let keep = self.cache_share / 2 / self.stores.len().max(1);
         for (s, slot) in self.stores.iter_mut().zip(&self.slots) {
             let changes = s.take_committed(keep);
             let checkpoint = Some(slot.delivered()).filter(|o| *o >= 0);
