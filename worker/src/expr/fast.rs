@@ -62,6 +62,8 @@ pub enum Fast {
     Math(Math, Box<Fast>, Box<Fast>),
     And(Box<Fast>, Box<Fast>),
     Or(Box<Fast>, Box<Fast>),
+    /// `if c then a elif c2 then b else d end`; without `else`, `.`.
+    If(Vec<(Fast, Fast)>, Box<Fast>),
 }
 
 impl Fast {
@@ -113,6 +115,16 @@ impl Fast {
                     _ => return None,
                 }
             }
+            Term::IfThenElse(branches, otherwise) => Fast::If(
+                branches
+                    .iter()
+                    .map(|(c, t)| Some((Self::from_term(c, vars)?, Self::from_term(t, vars)?)))
+                    .collect::<Option<_>>()?,
+                Box::new(match otherwise {
+                    Some(e) => Self::from_term(e, vars)?,
+                    None => Fast::Path(Vec::new()),
+                }),
+            ),
             _ => return None,
         })
     }
@@ -125,6 +137,9 @@ impl Fast {
             Fast::Cmp(_, l, r) | Fast::Math(_, l, r) => l.reads_input() || r.reads_input(),
             // The right side may not be evaluated.
             Fast::And(l, _) | Fast::Or(l, _) => l.reads_input(),
+            Fast::If(branches, otherwise) => branches
+                .first()
+                .map_or(otherwise.reads_input(), |(c, _)| c.reads_input()),
         }
     }
 
@@ -153,6 +168,14 @@ impl Fast {
             Fast::Or(l, r) => Some(Val::Bool(
                 truthy(&l.eval(input, vars)?) || truthy(&r.eval(input, vars)?),
             )),
+            Fast::If(branches, otherwise) => {
+                for (c, then) in branches {
+                    if truthy(&c.eval(input, vars)?) {
+                        return then.eval(input, vars);
+                    }
+                }
+                otherwise.eval(input, vars)
+            }
         }
     }
 }
@@ -444,6 +467,8 @@ mod tests {
             ".a > 1 and .b != \"x\" or .c",
             "$key",
             "null",
+            "if . then 1 else 2 end",
+            "if .a > $agg then .a elif .b then \"b\" end",
         ] {
             assert!(Fast::compile(src, &vars).is_some(), "{src}");
         }
@@ -456,7 +481,7 @@ mod tests {
             "length",
             "def f: 1; f",
             "\"a\\nb\"",
-            "if . then 1 else 2 end",
+            "if . then 1 else length end",
             "$nope",
             ".a | .b",
             "-1",
@@ -495,6 +520,9 @@ mod tests {
             "$key",
             "$ts > 5",
             "true and .x",
+            "if .amount > $agg then .amount else $agg end",
+            "if .status == 200 then .user elif .flag then 1 end",
+            "if .missing then 1 else .user end",
         ];
         let docs = [
             r#"{"user":"alice","status":200,"amount":5}"#,
