@@ -100,6 +100,8 @@ pub struct StoreState {
     dirty: Vec<Key>,
     /// Keys flushed since the last commit: what the commit writes to the store.
     flushed: Vec<Key>,
+    /// Key ranges `[from, to)` emptied since the last commit (see [`Self::cleared_range`]).
+    cleared: Vec<(Vec<u8>, Vec<u8>)>,
     /// All entries, dirty, flushed or committed.
     bytes: usize,
     /// Entries turned dirty since the last flush.
@@ -149,6 +151,7 @@ impl StoreState {
             entries: Map::Hashed(HashMap::new()),
             dirty: Vec::new(),
             flushed: Vec::new(),
+            cleared: Vec::new(),
             bytes: 0,
             dirty_bytes: 0,
             hits: 0,
@@ -422,6 +425,33 @@ impl StoreState {
         out
     }
 
+    /// The caller deleted every key in `[from, to)` of this ordered key-value store: the
+    /// commit drops the range from the store at once instead of key by key (the changelog
+    /// still gets a tombstone per key). Ignored for other stores.
+    pub fn cleared_range(&mut self, from: &[u8], to: &[u8]) {
+        if !self.entries.is_ordered() || self.segments.is_some() || from >= to {
+            return;
+        }
+        match self.cleared.last_mut() {
+            // Touching or overlapping the last range (a buffer emptied in order): one range.
+            Some((f, t)) if from <= &t[..] && to >= &f[..] => {
+                if from < &f[..] {
+                    *f = from.to_vec();
+                }
+                if to > &t[..] {
+                    *t = to.to_vec();
+                }
+            }
+            _ => self.cleared.push((from.to_vec(), to.to_vec())),
+        }
+    }
+
+    /// The ranges cleared since the last commit, for the store's write batch (before
+    /// [`Self::take_committed`]'s changes, which no longer carry their deletes).
+    pub fn take_cleared(&mut self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        std::mem::take(&mut self.cleared)
+    }
+
     /// Everything flushed since the last commit, to write to the store. The entries stay as
     /// clean copies of the store while the cache holds at most `keep` bytes; past that it
     /// empties (entries still dirty, if any, are kept).
@@ -429,7 +459,13 @@ impl StoreState {
         let mut changes = Vec::with_capacity(self.flushed.len());
         for key in std::mem::take(&mut self.flushed) {
             if let Some(e) = self.entries.get(&key) {
-                changes.push((key.to_vec(), e.value.clone()));
+                let covered = || {
+                    let k = &key[..];
+                    self.cleared.iter().any(|(f, t)| &f[..] <= k && k < &t[..])
+                };
+                if e.value.is_some() || !covered() {
+                    changes.push((key.to_vec(), e.value.clone()));
+                }
             }
         }
         if self.bytes > keep {
@@ -446,6 +482,12 @@ impl StoreState {
     /// Apply committed changes to an in-memory backend (RocksDB ones go through a batch).
     pub fn apply_in_memory(&mut self, changes: &Changes, checkpoint: Option<i64>) {
         if let Backend::Memory(m) = &mut self.backend {
+            for (from, to) in std::mem::take(&mut self.cleared) {
+                let gone: Vec<Vec<u8>> = m.map.range(from..to).map(|(k, _)| k.clone()).collect();
+                for k in gone {
+                    m.map.remove(&k);
+                }
+            }
             for (k, v) in changes {
                 match v {
                     Some(v) => m.map.insert(k.clone(), v.clone()),
@@ -498,6 +540,37 @@ mod tests {
         assert_eq!(s.get(None, b"a").expect("get"), Some(vec![2]));
         assert_eq!(s.hits, 1);
         assert_eq!(s.misses, 1);
+    }
+
+    #[test]
+    fn a_cleared_range_replaces_its_deletes_and_keeps_later_puts() {
+        let mut s = store();
+        s.keep_order();
+        for k in [b"a", b"b", b"c", b"d"] {
+            s.put(k, Some(vec![1]), 1);
+        }
+        let _ = s.take_dirty();
+        let c = s.take_committed(0);
+        s.apply_in_memory(&c, None);
+        // A buffer emptied in order, in two steps, then `b` buffered again.
+        for k in [b"a", b"b"] {
+            s.put(k, None, 2);
+        }
+        s.cleared_range(b"a", b"b\0");
+        s.put(b"c", None, 2);
+        s.cleared_range(b"b\0", b"d");
+        s.put(b"b", Some(vec![2]), 3);
+        let tombstones = s.take_dirty().iter().filter(|d| d.value.is_none()).count();
+        assert_eq!(
+            tombstones, 2,
+            "the changelog still gets a tombstone per key"
+        );
+        let c = s.take_committed(0);
+        assert_eq!(c, vec![(b"b".to_vec(), Some(vec![2]))], "no delete left");
+        s.apply_in_memory(&c, None);
+        assert_eq!(s.range(None, b"", b"z").expect("range").len(), 2, "b and d");
+        assert_eq!(s.get(None, b"b").expect("get"), Some(vec![2]));
+        assert_eq!(s.get(None, b"c").expect("get"), None);
     }
 
     #[test]

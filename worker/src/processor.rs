@@ -184,6 +184,12 @@ impl KeyValueStore<'_> {
         self.state.put(key, None, timestamp);
     }
 
+    /// Every key in `[from, to)` was just deleted: the store may drop the range at once (see
+    /// [`StoreState::cleared_range`]).
+    pub(crate) fn cleared_range(&mut self, from: &[u8], to: &[u8]) {
+        self.state.cleared_range(from, to);
+    }
+
     /// The entries with keys in `[from, to)`, in key order. The store must be declared
     /// `ordered` (see [`crate::topology::StoreDef`]), or entries still in the record cache
     /// are missed.

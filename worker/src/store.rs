@@ -493,12 +493,32 @@ impl TaskDb {
         changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
         checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
     ) -> Result<(), StoreError> {
+        self.write_clearing(std::iter::empty(), changes, checkpoints)
+    }
+
+    /// [`Self::write`] after deleting whole key ranges `[from, to)` of key-value stores (not
+    /// window stores, whose keys are laid out by segment): one
+    /// range tombstone each instead of a tombstone per key, which a memtable flush applies
+    /// to the keys it covers, so emptied ranges leave nothing on disk.
+    pub fn write_clearing<'a>(
+        &self,
+        cleared: impl IntoIterator<Item = (&'a str, &'a [u8], &'a [u8])>,
+        changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
+        checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
+    ) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
+        for (store, from, to) in cleared {
+            batch.delete_range_cf(self.cf(store)?, from, to);
+        }
         for (store, c) in changes {
             let cf = self.cf(store)?;
             let key = self.db_key(store, c.key);
             match c.value {
                 Some(v) => batch.put_cf(cf, key, v),
+                // A key the database surely lacks (memtables and bloom filters, no disk read)
+                // needs no tombstone: a window buffered and emitted, or a session replaced,
+                // within one commit never reaches the disk.
+                None if !self.db.key_may_exist_cf(cf, &key) => {}
                 None => batch.delete_cf(cf, key),
             }
         }
@@ -740,6 +760,44 @@ mod tests {
         let mut f = DB::list_cf(&Options::default(), dir).expect("list");
         f.sort();
         f
+    }
+
+    #[test]
+    fn a_cleared_range_is_gone_from_the_store_but_keys_put_with_it_stay() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        let (db, _) = TaskDb::open(&res, dir.path(), &names(&["buf"])).expect("open");
+        for k in [b"a", b"b", b"c", b"d"] {
+            commit(&db, &["buf"], k, b"v", 1);
+        }
+        let put = Change {
+            key: b"b",
+            value: Some(b"new"),
+        };
+        db.write_clearing(
+            [("buf", &b"a"[..], &b"d"[..])],
+            [("buf", put)],
+            [("buf", 2)],
+        )
+        .expect("write");
+        db.flush().expect("flush");
+        let left = db.range("buf", b"", b"z").expect("range");
+        assert_eq!(
+            left,
+            vec![
+                (b"b".to_vec(), b"new".to_vec()),
+                (b"d".to_vec(), b"v".to_vec())
+            ],
+            "[a, d) cleared, b put again in the same batch"
+        );
+        assert_eq!(db.checkpoint("buf").expect("checkpoint"), Some(2));
+        // Deleting what is there, and what never was, both read back as absent.
+        let gone = |key: &'static [u8]| ("buf", Change { key, value: None });
+        db.write([gone(b"d"), gone(b"never")], [("buf", 3)])
+            .expect("write");
+        assert_eq!(db.get("buf", b"d").expect("get"), None);
+        db.flush().expect("flush");
+        assert_eq!(db.range("buf", b"c", b"z").expect("range"), vec![]);
     }
 
     #[test]

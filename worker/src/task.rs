@@ -462,6 +462,7 @@ impl Task {
     /// state and knows exactly where its changelog tail starts.
     pub fn write_committed(&mut self) -> Result<(), TaskError> {
         let mut batch: Vec<(String, Changes, Option<i64>)> = Vec::new();
+        let mut cleared: Vec<(String, Vec<u8>, Vec<u8>)> = Vec::new();
         let keep = self.cache_share / 2 / self.stores.len().max(1);
         for (s, slot) in self.stores.iter_mut().zip(&self.slots) {
             let changes = s.take_committed(keep);
@@ -469,6 +470,11 @@ impl Task {
             if s.is_in_memory() {
                 s.apply_in_memory(&changes, checkpoint);
             } else {
+                cleared.extend(
+                    s.take_cleared()
+                        .into_iter()
+                        .map(|(from, to)| (s.name.clone(), from, to)),
+                );
                 batch.push((s.name.clone(), changes, checkpoint));
             }
             let hits = std::mem::take(&mut s.hits);
@@ -495,7 +501,10 @@ impl Task {
             let checkpoints = batch
                 .iter()
                 .filter_map(|(store, _, c)| c.map(|c| (store.as_str(), c)));
-            db.write(changes, checkpoints)
+            let cleared = cleared
+                .iter()
+                .map(|(store, from, to)| (store.as_str(), &from[..], &to[..]));
+            db.write_clearing(cleared, changes, checkpoints)
                 .map_err(|source| TaskError::Store {
                     task: self.id,
                     source,

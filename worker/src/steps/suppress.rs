@@ -74,10 +74,11 @@ impl Processor for Suppress {
         if limit < self.floor {
             return Ok(());
         }
-        let due = buffer.range(
-            &self.floor.to_be_bytes(),
-            &limit.saturating_add(1).to_be_bytes(),
-        )?;
+        let (from, to) = (
+            self.floor.to_be_bytes(),
+            limit.saturating_add(1).to_be_bytes(),
+        );
+        let due = buffer.range(&from, &to)?;
         self.floor = limit.saturating_add(1);
         let mut out = Vec::with_capacity(due.len());
         for (k, v) in due {
@@ -102,6 +103,9 @@ impl Processor for Suppress {
                 )
             });
         }
+        // Every window in the range was just deleted: RocksDB gets one range tombstone instead
+        // of one per window, and a memtable flush then writes none of them to disk.
+        buffer.cleared_range(&from, &to);
         for r in out {
             ctx.forward(r);
         }
