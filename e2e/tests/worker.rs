@@ -989,7 +989,10 @@ fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
     let deadline = std::time::Instant::now() + READY;
     let mut at = 0.0;
     while at == 0.0 {
-        ensure!(std::time::Instant::now() < deadline, "the restore did not start");
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the restore did not start"
+        );
         std::thread::sleep(Duration::from_millis(2));
         at = w.metric("eddy_restored_records_total", &[]).unwrap_or(0.0);
     }
