@@ -90,7 +90,7 @@ pub struct StoreState {
     pub value_format: Format,
     /// A window or session store's segments, retention and key layout.
     pub segments: Option<Segments>,
-    /// Values start with an 8-byte timestamp that downstream does not see (sliding windows'
+    /// Values start with an 8-byte timestamp that downstream does not see (a DSL window's
     /// largest record time).
     pub timestamped: bool,
     /// The largest window start put, which expiry counts retention back from.
@@ -180,9 +180,15 @@ impl StoreState {
         let mut s = Self::new(&d.name, changelog, backend, d.key_format, d.value_format);
         s.forward_to = d.forward_to;
         s.segments = d.window.map(|w| w.segments());
-        s.timestamped = d
-            .window
-            .is_some_and(|w| matches!(w.windows, crate::window::Windows::Sliding { .. }));
+        // The DSL's time and sliding window stores (not sessions, nor custom processors'
+        // stores) keep the window's largest record time before the value.
+        s.timestamped = d.forward_to.is_some()
+            && d.window.is_some_and(|w| {
+                matches!(
+                    w.windows,
+                    crate::window::Windows::Time(_) | crate::window::Windows::Sliding { .. }
+                )
+            });
         if d.ordered || d.window.is_some() {
             s.keep_order();
         }

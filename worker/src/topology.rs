@@ -566,14 +566,11 @@ mod tests {
         let w = def.window.expect("a window store");
         assert_eq!(w.windows.to_string(), "tumbling 10s, grace 5s");
         assert_eq!(w.retention, eddy_crds::Duration::from_millis(15_000));
-        let mut store = StoreState::new(
-            "failures",
+        let mut store = StoreState::for_def(
+            def,
             "x-failures-changelog".into(),
             Backend::Memory(MemoryStore::default()),
-            def.key_format,
-            def.value_format,
         );
-        store.segments = Some(w.segments());
         let mut procs: Vec<_> = sub.processors.iter().map(|p| p()).collect();
         let mut counts = Vec::new();
         for (user, at) in [
@@ -604,20 +601,12 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
             for d in store.take_dirty() {
+                let r = store.downstream(&d);
                 let (inner, window) = w.windows.schema().split(&d.key).expect("window key");
-                let start = window.start;
-                let n = i64::from_be_bytes(
-                    d.value.clone().expect("count").try_into().expect("8 bytes"),
-                );
-                counts.push((String::from_utf8_lossy(inner).to_string(), start, n));
-                let r = Record {
-                    window: Some(window),
-                    ..Record::new(
-                        Some(Data::raw(inner, Format::String)),
-                        d.value.as_deref().map(|v| Data::raw(v, Format::I64)),
-                        d.timestamp,
-                    )
-                };
+                let n = r.value.as_ref().expect("count").to_bytes(Format::I64);
+                let n = i64::from_be_bytes(n.expect("bytes")[..].try_into().expect("8 bytes"));
+                counts.push((String::from_utf8_lossy(inner).to_string(), window.start, n));
+                assert_eq!(r.window, Some(window));
                 let mut next = Vec::new();
                 let mut ctx = Context {
                     stores: &mut [],
