@@ -368,3 +368,75 @@ fn custom_processors_use_window_and_session_stores_and_punctuate() -> Result<()>
     delete_topics(&names.iter().map(String::as_str).collect::<Vec<_>>())?;
     Ok(())
 }
+
+/// Sends the stream time of each stream-time punctuation.
+struct StreamTicks {
+    output: String,
+}
+
+impl Processor for StreamTicks {
+    fn process(&mut self, _: Record, _: &mut Context<'_>) -> Result<(), ProcessError> {
+        Ok(())
+    }
+
+    fn schedule(&self) -> Option<eddy_worker::Punctuation> {
+        Some(eddy_worker::Punctuation::StreamTime(Duration::from_secs(
+            10,
+        )))
+    }
+
+    fn punctuate(&mut self, time: i64, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        ctx.send(&self.output, None, Some(time.to_string().as_bytes()), time)
+    }
+}
+
+/// With `from.timestamp`, stream time is the event time in the values, as with a Kafka
+/// Streams `TimestampExtractor`: 60 s of it, produced within a moment, punctuate every 10 s.
+#[test]
+fn stream_time_punctuation_follows_the_extracted_event_time() -> Result<()> {
+    let app = unique("eventtime");
+    let (input, output) = (format!("{app}-in"), format!("{app}-out"));
+    create_topic(&input, 1)?;
+    create_topic(&output, 1)?;
+    let t0 = 1_700_000_000_000i64;
+    let records: Vec<Input> = (0..60)
+        .map(|i| {
+            (
+                Some(b"k".to_vec()),
+                Some(format!(r#"{{"t": {}}}"#, t0 + i * 1_000).into_bytes()),
+            )
+        })
+        .collect();
+    produce(&input, &records)?;
+    let dir = tempfile::tempdir()?;
+    let mut cfg = WorkerConfig::from_text(
+        &format!(
+            "applicationId: {app}\ncommitIntervalMs: 100\ntopology: [{{from: {{topic: {input}, value: json, timestamp: '.t'}}}}]\n"
+        ),
+        std::path::Path::new("embedded"),
+        Overrides {
+            bootstrap_servers: Some(bootstrap()?),
+            state_dir: Some(dir.path().to_path_buf()),
+            ..Default::default()
+        },
+    )?;
+    let out = output.clone();
+    let sub = cfg.topology.subtopologies.remove(0);
+    cfg.topology.subtopologies = vec![
+        sub.processor(move || {
+            Box::new(StreamTicks {
+                output: out.clone(),
+            })
+        })
+        .sink(&output),
+    ];
+    run_until(cfg, |processed| processed >= 60.0)?;
+    let got: Vec<String> = read_all(&output)?
+        .iter()
+        .filter_map(|r| Some(String::from_utf8_lossy(r.value.as_deref()?).to_string()))
+        .collect();
+    let want: Vec<String> = (0..6).map(|i| (t0 + i * 10_000).to_string()).collect();
+    ensure!(got == want, "punctuated at {got:?}, want {want:?}");
+    delete_topics(&[&input, &output])?;
+    Ok(())
+}

@@ -78,6 +78,10 @@ pub struct Task {
     processed: Counter,
     /// The largest timestamp of the input records processed (Kafka Streams' partition time).
     stream_time: Option<i64>,
+    /// See [`SubTopology::extracts_time`].
+    extracts_time: bool,
+    /// The event time the first processor gave the record being processed.
+    extracted: Option<i64>,
     /// Processors that asked for punctuation: index, schedule, and when it is next due.
     punctuators: Vec<(usize, Punctuation, Option<i64>)>,
     /// A punctuation ran since the last commit: what it sent must be committed (under
@@ -171,6 +175,8 @@ impl Task {
             .collect();
         let task = Task {
             stream_time: None,
+            extracts_time: sub.extracts_time,
+            extracted: None,
             punctuators,
             punctuated: false,
             id,
@@ -238,11 +244,19 @@ impl Task {
             origin.value.map(|v| Data::raw(v, vf)),
             timestamp,
         );
+        self.extracted = None;
         let result = self.run(0, record);
         self.handle(result, origin)?;
         self.next_offset = Some(origin.offset + 1);
         self.processed.inc();
-        if self.stream_time.is_none_or(|t| timestamp > t) {
+        // A record whose event time could not be extracted moves no time.
+        let timestamp = match self.extracts_time {
+            true => self.extracted,
+            false => Some(timestamp),
+        };
+        if let Some(timestamp) = timestamp
+            && self.stream_time.is_none_or(|t| timestamp > t)
+        {
             self.stream_time = Some(timestamp);
             self.punctuate(|p| matches!(p, Punctuation::StreamTime(_)), timestamp)?;
         }
@@ -320,15 +334,16 @@ impl Task {
 
     /// Flushed-but-uncommitted state is held in memory until the commit writes it to the
     /// store: past the cache share commit early, so the cache stays within its budget. (Dirty
-    /// entries flush at half the share; clean copies keep at most the other half.)
+    /// entries flush at half the share; clean copies keep at most the other half.) At least
+    /// 1 MiB, so a disabled or tiny cache does not commit per record.
     pub fn wants_commit(&self) -> bool {
-        self.cache_bytes() > self.cache_share
+        self.cache_bytes() > self.cache_share.max(1 << 20)
     }
 
     /// Pass a record through the processors from `start` on.
     fn run(&mut self, start: usize, record: Record) -> Result<(), ProcessError> {
         let mut cur = vec![record];
-        for p in self.processors.iter_mut().skip(start) {
+        for (i, p) in self.processors.iter_mut().enumerate().skip(start) {
             let mut next = Vec::new();
             for r in cur.drain(..) {
                 let mut ctx = Context {
@@ -338,6 +353,9 @@ impl Task {
                     out: &mut next,
                 };
                 p.process(r, &mut ctx)?;
+            }
+            if i == 0 && self.extracts_time {
+                self.extracted = next.iter().map(|r| r.timestamp).max();
             }
             if next.is_empty() {
                 return Ok(());

@@ -142,6 +142,10 @@ pub struct SubTopology {
     pub processors: Vec<ProcessorSupplier>,
     pub stores: Vec<StoreDef>,
     pub sinks: Vec<SinkDef>,
+    /// The first processor sets each record's event time (`from.timestamp`, Kafka Streams'
+    /// `TimestampExtractor`): the task's stream time, and so stream-time punctuation, follows
+    /// the times it gives instead of the input records' Kafka timestamps.
+    pub extracts_time: bool,
 }
 
 impl SubTopology {
@@ -153,6 +157,7 @@ impl SubTopology {
             processors: Vec::new(),
             stores: Vec::new(),
             sinks: Vec::new(),
+            extracts_time: false,
         }
     }
 
@@ -183,6 +188,7 @@ impl std::fmt::Debug for SubTopology {
             .field("processors", &self.processors.len())
             .field("stores", &self.stores)
             .field("sinks", &self.sinks)
+            .field("extracts_time", &self.extracts_time)
             .finish()
     }
 }
@@ -242,6 +248,7 @@ impl Topology {
         if let Some(src) = &from.timestamp {
             let e = compile(0, src, &steps::VARS)?;
             cur = cur.processor(move || Box::new(steps::Timestamp(e.clone())));
+            cur.extracts_time = true;
         }
         // The window the next aggregation is per, and whether keys are windowed results.
         let mut window: Option<WindowDef> = None;
