@@ -944,7 +944,6 @@ pub fn to_json(o: &Options, rows: &[Row]) -> Value {
             "windowed": r.windowed.as_ref().map(|c| json!({
                 "windows": c.windows,
                 "dropped_records": c.dropped,
-                "timestamp_differences": c.timestamp_differences,
             })),
             "eddy": m(&r.eddy, r.records),
             "kafka_streams": m(&r.ks, r.records),
