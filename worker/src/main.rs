@@ -19,6 +19,11 @@ use std::time::Duration;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options: two arenas and a one-second decay give freed pages back instead of
+/// keeping them (its defaults raised a keyed sum's peak RSS from 268 to 350 MiB).
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static MALLOC_CONF: &u8 = &b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0];
+
 #[derive(Parser)]
 #[command(
     name = "eddy-worker",

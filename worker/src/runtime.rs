@@ -905,7 +905,17 @@ impl Manager<'_> {
         producer: &Arc<collector::Producer>,
     ) -> Result<Vec<Task>, RuntimeError> {
         let cfg = self.cfg;
-        let cache_share = cfg.record_cache_bytes / (self.tasks.len() + ids.len()).max(1);
+        // The record cache is shared by the tasks that have stores: a stateless task (a
+        // filter before a repartition) caches nothing.
+        let stateful = |id: &TaskId| {
+            cfg.topology
+                .subtopologies
+                .iter()
+                .any(|s| s.id == id.subtopology && !s.stores.is_empty())
+        };
+        let with_stores = self.tasks.iter().filter(|t| !t.stores.is_empty()).count()
+            + ids.iter().filter(|id| stateful(id)).count();
+        let cache_share = cfg.record_cache_bytes / with_stores.max(1);
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             let Some(sub) = cfg
