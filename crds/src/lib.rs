@@ -9,6 +9,7 @@ pub mod resource;
 pub mod security;
 pub mod spec;
 pub mod step;
+pub mod table;
 pub mod task;
 pub mod topics;
 pub mod upgrade;
@@ -17,6 +18,7 @@ pub use duration::Duration;
 pub use manifest::{AppManifest, ManifestError, parse_app};
 pub use spec::*;
 pub use step::*;
+pub use table::{TableSpec, Versioned};
 pub use task::TaskId;
 
 /// API group and version of the custom resource.

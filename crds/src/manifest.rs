@@ -219,6 +219,12 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
         ));
     }
     let mut stores = HashSet::new();
+    check_tables(spec, prefix, &mut stores)?;
+    // Sub-topology and step of the first join of each table that is not global.
+    let mut joined: HashMap<&str, (usize, usize)> = HashMap::new();
+    let mut subtopology = 0;
+    // The key's format where each step sees it.
+    let mut key_format = crate::Format::String;
     // Repartition topic id (step name or index) -> the groupBy that writes it.
     let mut repartitions: HashMap<String, (usize, Option<&str>)> = HashMap::new();
     // True once a windowed aggregation made the key a windowed one.
@@ -233,6 +239,20 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                 }
                 topics::check_name(&from.topic)
                     .map_err(|m| invalid(format!("{field}.from.topic"), m))?;
+                key_format = from.key;
+                if let Some((name, _)) = spec
+                    .tables
+                    .iter()
+                    .find(|(_, t)| t.topic == from.topic && !t.global)
+                {
+                    return Err(invalid(
+                        format!("{field}.from.topic"),
+                        format!(
+                            "{:?} is also the topic of table {name:?}: a task reads a topic partition once; read it as a stream or as a table",
+                            from.topic
+                        ),
+                    ));
+                }
                 for (what, format) in [("key", from.key), ("value", from.value)] {
                     not_windowed(format, &format!("{field}.from.{what}"))?;
                 }
@@ -350,7 +370,83 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                     return Err(invalid(field, "the jq expression is empty"));
                 }
             }
+            Step::Join(j) => {
+                let Some(table) = spec.tables.get(&j.table) else {
+                    let defined: Vec<&str> = spec.tables.keys().map(String::as_str).collect();
+                    return Err(invalid(
+                        format!("{field}.join.table"),
+                        match defined.is_empty() {
+                            true => format!(
+                                "no table {:?}: declare it in {prefix}tables, e.g. tables: {{{}: {{topic: <topic>}}}}",
+                                j.table, j.table
+                            ),
+                            false => format!(
+                                "no table {:?} in {prefix}tables (it has {})",
+                                j.table,
+                                defined.join(", ")
+                            ),
+                        },
+                    ));
+                };
+                if windowed {
+                    return Err(invalid(
+                        format!("{field}.join"),
+                        "the key is windowed here (after a windowed aggregation): a table is looked up by a plain key",
+                    ));
+                }
+                if j.as_.trim().is_empty() {
+                    return Err(invalid(
+                        format!("{field}.join.as"),
+                        "the jq expression is empty",
+                    ));
+                }
+                match (&j.key, table.global) {
+                    (Some(_), false) => {
+                        return Err(invalid(
+                            format!("{field}.join.key"),
+                            format!(
+                                "key picks the lookup key of a global table; table {:?} is partitioned like the stream and looked up by the record's key (re-key with groupBy before the join, or make the table global: true)",
+                                j.table
+                            ),
+                        ));
+                    }
+                    (Some(k), true) if k.trim().is_empty() => {
+                        return Err(invalid(
+                            format!("{field}.join.key"),
+                            "the jq expression is empty: remove it to look up the record's key",
+                        ));
+                    }
+                    (_, false) => {
+                        if table.key != key_format {
+                            return Err(invalid(
+                                format!("{field}.join"),
+                                format!(
+                                    "the key is {} here but table {:?}'s key is {}: a join looks up the key's bytes in the partition they hash to, so both need the same format (set tables.{}.key, or the format of from.key or groupBy)",
+                                    format_name(key_format),
+                                    j.table,
+                                    format_name(table.key),
+                                    j.table
+                                ),
+                            ));
+                        }
+                        if let Some((sub, j0)) = joined.insert(j.table.as_str(), (subtopology, i))
+                            && sub != subtopology
+                        {
+                            return Err(invalid(
+                                format!("{field}.join.table"),
+                                format!(
+                                    "table {:?} is joined on both sides of a groupBy (topology[{j0}] and here): its store belongs to the tasks of one sub-topology; join it on one side only, or make it global: true",
+                                    j.table
+                                ),
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
             Step::GroupBy(g) => {
+                subtopology += 1;
+                key_format = g.format();
                 if g.expr().trim().is_empty() {
                     return Err(invalid(field, "the jq expression is empty"));
                 }
@@ -365,6 +461,69 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                     return Err(same_repartition(prefix, (j, other), (i, g.name()), &id));
                 }
             }
+        }
+    }
+    check_tables_used(spec, prefix)
+}
+
+/// A format as users write it.
+fn format_name(f: crate::Format) -> String {
+    serde_json::to_value(f)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{f:?}"))
+}
+
+/// `spec.tables`: legal names and formats, store names unique with the steps' stores, one
+/// table per topic.
+fn check_tables(
+    spec: &AppSpec,
+    prefix: &str,
+    stores: &mut HashSet<String>,
+) -> Result<(), ManifestError> {
+    for (name, t) in &spec.tables {
+        let field = format!("{prefix}tables.{name}");
+        topics::check_name(name).map_err(|m| invalid(&field, format!("the table's name {m}")))?;
+        topics::check_name(&t.topic).map_err(|m| invalid(format!("{field}.topic"), m))?;
+        for (what, format) in [("key", t.key), ("value", t.value)] {
+            not_windowed(format, &format!("{field}.{what}"))?;
+        }
+        check_store(stores, t.store_name(name), &format!("{field}.store"))?;
+        if let Some((other, _)) = spec
+            .tables
+            .iter()
+            .find(|(n, o)| *n < name && o.topic == t.topic && !o.global && !t.global)
+        {
+            return Err(invalid(
+                format!("{field}.topic"),
+                format!(
+                    "table {other:?} reads {:?} too: a task reads a topic partition once, so one table per topic (or make one global: true)",
+                    t.topic
+                ),
+            ));
+        }
+        if t.versioned.is_some() {
+            return Err(invalid(
+                format!("{field}.versioned"),
+                "versioned tables are not supported yet: remove versioned (a join then sees each key's latest value)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every table of `spec.tables` is joined somewhere: one nothing reads is a mistake.
+fn check_tables_used(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
+    for name in spec.tables.keys() {
+        if !spec
+            .topology
+            .iter()
+            .any(|s| matches!(s, Step::Join(j) if j.table == *name))
+        {
+            return Err(invalid(
+                format!("{prefix}tables.{name}"),
+                "no step uses this table: join it (join: {table: ..., as: ...}) or remove it",
+            ));
         }
     }
     Ok(())
@@ -657,6 +816,72 @@ spec:
             let e = err(&app(steps));
             assert!(e.contains(field) && e.contains(says), "{steps}: {e}");
         }
+    }
+
+    #[test]
+    fn tables_and_joins_are_checked_where_they_are_written() {
+        let ok = "tables:\n  customers: {topic: customers}\ntopology:\n  - from: {topic: orders}\n  - join: {table: customers, as: '{order: ., customer: $right}', type: left}\n  - to: {topic: out}\n";
+        let app = parse_app(ok).expect("valid");
+        assert_eq!(
+            app.spec.tables["customers"].store_name("customers"),
+            "customers"
+        );
+        let cases = [
+            (
+                "topology:\n  - from: {topic: o}\n  - join: {table: c, as: '.'}\n",
+                "topology[1].join.table: no table \"c\": declare it in tables",
+            ),
+            (
+                "tables:\n  d: {topic: d}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, as: '.'}\n",
+                "no table \"c\" in tables (it has d)",
+            ),
+            (
+                "tables:\n  c: {topic: c}\ntopology:\n  - from: {topic: o}\n  - filter: '.ok'\n",
+                "tables.c: no step uses this table",
+            ),
+            (
+                "tables:\n  c: {topic: c}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, key: '.id', as: '.'}\n",
+                "topology[1].join.key: key picks the lookup key of a global table",
+            ),
+            (
+                "tables:\n  c: {topic: c, key: json}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, as: '.'}\n",
+                "the key is string here but table \"c\"'s key is json",
+            ),
+            (
+                "tables:\n  c: {topic: c}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, as: ' '}\n",
+                "topology[1].join.as: the jq expression is empty",
+            ),
+            (
+                "tables:\n  c: {topic: c}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, as: '.'}\n  - groupBy: '.x'\n  - join: {table: c, as: '.'}\n",
+                "table \"c\" is joined on both sides of a groupBy (topology[1] and here)",
+            ),
+            (
+                "tables:\n  c: {topic: o}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, as: '.'}\n",
+                "topology[0].from.topic: \"o\" is also the topic of table \"c\"",
+            ),
+            (
+                "tables:\n  a: {topic: c}\n  b: {topic: c}\ntopology:\n  - from: {topic: o}\n  - join: {table: a, as: '.'}\n  - join: {table: b, as: '.'}\n",
+                "tables.b.topic: table \"a\" reads \"c\" too",
+            ),
+            (
+                "tables:\n  c: {topic: c, store: n}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, as: '.'}\n  - groupBy: '.x'\n  - count: {store: n}\n",
+                "topology[3].count.store: store \"n\" is defined twice",
+            ),
+            (
+                "tables:\n  c: {topic: c, versioned: {history: 1d}}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, as: '.'}\n",
+                "tables.c.versioned: versioned tables are not supported yet",
+            ),
+            (
+                "tables:\n  c: {topic: c}\ntopology:\n  - from: {topic: o}\n  - groupBy: '.u'\n  - window: {tumbling: 1m, grace: 0s}\n  - count: {store: n}\n  - join: {table: c, as: '.'}\n",
+                "topology[4].join: the key is windowed here",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err(text);
+            assert!(e.contains(want), "{text}\n  gave: {e}\n  want: {want}");
+        }
+        // A global table may be looked up by any key, on either side of a groupBy.
+        parse_app("tables:\n  c: {topic: c, global: true, key: json}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, key: '.country', as: '.'}\n  - groupBy: '.x'\n  - join: {table: c, as: '.'}\n").expect("valid");
     }
 
     #[test]

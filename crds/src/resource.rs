@@ -145,6 +145,14 @@ pub struct WorkerStatus {
     /// back (Kafka, disk space) and retries from its last commit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<WorkerProblem>,
+    /// Records of the global tables' topics this worker still reads before its tasks
+    /// process (every worker holds every global table; the app's `backlog` counts these).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub global_backlog: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// A worker waiting for something outside it to recover.

@@ -122,6 +122,10 @@ pub struct AppSpec {
     /// when the resource is deleted.
     #[serde(default)]
     pub cleanup_policy: CleanupPolicy,
+    /// Tables materialized from topics, by name, for `join` steps to look up (Kafka Streams'
+    /// `KTable` and, with `global: true`, `GlobalKTable`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tables: std::collections::BTreeMap<String, crate::table::TableSpec>,
     /// The processing steps, in order: the first is `from`. Each step is a one-key map
     /// (`- filter: '.status == 200'`), as users write them, not a YAML tag.
     #[serde(with = "serde_yaml::with::singleton_map_recursive")]

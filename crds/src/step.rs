@@ -7,7 +7,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-const STEPS: &str = "from, filter, map, groupBy, window, count, aggregate, reduce, suppress, to";
+const STEPS: &str =
+    "from, filter, map, groupBy, join, window, count, aggregate, reduce, suppress, to";
 
 /// How the bytes of a key or value are read and written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -42,6 +43,8 @@ pub enum Step {
     /// Re-key by the expression's output; inserts a repartition topic, named after the
     /// step's `name`, or its index when it has none.
     GroupBy(GroupBy),
+    /// Join each record with a table's value for its key (`join: {table, as, type}`).
+    Join(JoinStep),
     /// Make the next aggregation (`count`, `aggregate`, `reduce`) per key and time window.
     Window(WindowStep),
     /// Count records per key into a store; emits the updated count.
@@ -66,6 +69,7 @@ impl Step {
             Step::Filter(_) => "filter",
             Step::Map(_) => "map",
             Step::GroupBy(_) => "groupBy",
+            Step::Join(_) => "join",
             Step::Window(_) => "window",
             Step::Count(_) => "count",
             Step::Aggregate(_) => "aggregate",
@@ -201,6 +205,37 @@ pub struct AggregateStep {
     pub merge: Option<String>,
     #[serde(default)]
     pub in_memory: bool,
+}
+
+/// `join: {table: customers, as: '{order: ., customer: $right}', type: left}`: a stream-table
+/// join (Kafka Streams' `KStream#join`/`leftJoin` with a `KTable` or `GlobalKTable`). Each
+/// record looks up the table by its key (a global table by `key`); the record goes on with
+/// the value `as` gives, its key and timestamp unchanged. Table updates emit nothing.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinStep {
+    /// A table of `spec.tables`.
+    pub table: String,
+    /// Global tables only: jq giving the lookup key from the record (`.` the value, `$key`
+    /// the key; default the record's key). A record whose lookup key is null is dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// jq: the joined value, with `.` the record's value and `$right` the table's value
+    /// (`null` when a `left` join finds nothing).
+    #[serde(rename = "as")]
+    pub as_: String,
+    /// `inner` (default): records whose key the table lacks are dropped; `left`: they go on
+    /// with `$right` null.
+    #[serde(default, rename = "type")]
+    pub kind: JoinType,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum JoinType {
+    #[default]
+    Inner,
+    Left,
 }
 
 /// `suppress: untilWindowCloses` (Kafka Streams' `Suppressed.untilWindowCloses`): one result
@@ -431,10 +466,10 @@ pub struct ToStep {
     pub value: Option<Format>,
 }
 
-fn default_key_format() -> Format {
+pub(crate) fn default_key_format() -> Format {
     Format::String
 }
-fn default_value_format() -> Format {
+pub(crate) fn default_value_format() -> Format {
     Format::Json
 }
 
@@ -475,6 +510,11 @@ pub(crate) fn schema() -> Value {
             "filter": d(string.clone(), "jq: keep the records for which it is true (`.` is the value, $key the key, $ts the timestamp)."),
             "map": d(string.clone(), "jq: replace the value by each of its outputs."),
             "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "Re-key: a jq expression, or {key: <jq>, format: FORMAT, name: NAME}. The name names the repartition topic <applicationId>-<name>-repartition; without one, the step's index does."},
+            "join": {"type": "object", "description": "Join each record with a table of spec.tables: its value for the record's key (a global table's for `key`).", "required": ["table", "as"], "properties": {
+                "table": d(string.clone(), "A table of spec.tables."),
+                "key": d(string.clone(), "Global tables only: jq giving the lookup key from the record (default the record's key)."),
+                "as": d(string.clone(), "jq: the joined value, with . the record's value and $right the table's (null when a left join finds nothing)."),
+                "type": d(json!({"type": "string", "enum": ["inner", "left"]}), "inner (default) drops records the table has no value for; left keeps them with $right null.")}},
             "window": {"type": "object", "description": "Make the next count, aggregate or reduce per key and time window: {tumbling: 5m, grace: 30s}, {hopping: 1h, advance: 5m, grace: 0s}, {sliding: 10m, grace: 1m} or {session: 30m, grace: 1m}.", "required": ["grace"], "properties": {
                 "tumbling": d(duration.clone(), "Size of tumbling windows."),
                 "hopping": d(duration.clone(), "Size of hopping windows."),

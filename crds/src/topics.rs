@@ -47,7 +47,17 @@ pub struct SubLayout {
     pub source: String,
     /// True when the source is a repartition topic eddy creates.
     pub internal: bool,
+    /// Topics of the tables the sub-topology joins (not global ones): its tasks read the same
+    /// partition of each as of the source, so all have the same partition count.
+    pub tables: Vec<TableLayout>,
     pub stores: Vec<StoreLayout>,
+}
+
+/// A table read by a sub-topology's tasks beside its source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableLayout {
+    pub name: String,
+    pub topic: String,
 }
 
 /// A store as its changelog sees it.
@@ -95,6 +105,7 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
                 cur = Some(SubLayout {
                     source: f.topic.clone(),
                     internal: false,
+                    tables: Vec::new(),
                     stores: Vec::new(),
                 })
             }
@@ -103,7 +114,24 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
                 cur = Some(SubLayout {
                     source: repartition(application_id, i, g.name()),
                     internal: true,
+                    tables: Vec::new(),
                     stores: Vec::new(),
+                });
+            }
+            Step::Join(j) => {
+                let (Some(t), Some(sub)) = (spec.tables.get(&j.table), cur.as_mut()) else {
+                    continue;
+                };
+                if t.global || sub.tables.iter().any(|l| l.name == j.table) {
+                    continue;
+                }
+                sub.tables.push(TableLayout {
+                    name: j.table.clone(),
+                    topic: t.topic.clone(),
+                });
+                sub.stores.push(StoreLayout {
+                    name: t.store_name(&j.table).to_string(),
+                    kind: crate::StoreKind::KeyValue,
                 });
             }
             _ => {
@@ -122,6 +150,15 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
     subs
 }
 
+/// The topics of the app's global tables: every worker reads all their partitions.
+pub fn global_topics(spec: &crate::AppSpec) -> Vec<String> {
+    spec.tables
+        .values()
+        .filter(|t| t.global)
+        .map(|t| t.topic.clone())
+        .collect()
+}
+
 /// Where an internal topic comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Origin {
@@ -136,6 +173,9 @@ pub enum Origin {
         keyword: &'static str,
         store: String,
     },
+    /// Changelog of the store of `spec.tables.<table>` (not global: a global table's topic
+    /// is its changelog).
+    Table { table: String, store: String },
     /// Where `onError: deadLetter` sets bad records aside.
     DeadLetter,
 }
@@ -149,6 +189,9 @@ impl std::fmt::Display for Origin {
                 keyword,
                 store,
             } => write!(f, "changelog of store {store}, topology[{step}] {keyword}"),
+            Origin::Table { table, store } => {
+                write!(f, "changelog of store {store}, tables.{table}")
+            }
             Origin::DeadLetter => f.write_str("dead letters, onError: deadLetter"),
         }
     }
@@ -169,6 +212,24 @@ pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<Intern
     let mut out: Vec<InternalName> = Vec::new();
     for (step, s) in spec.topology.iter().enumerate() {
         let (topic, origin) = match s {
+            Step::Join(j) => match spec.tables.get(&j.table) {
+                Some(t)
+                    if !t.global
+                        && !out.iter().any(|n| {
+                            matches!(&n.origin, Origin::Table { table, .. } if *table == j.table)
+                        }) =>
+                {
+                    let store = t.store_name(&j.table).to_string();
+                    (
+                        changelog(application_id, &store),
+                        Origin::Table {
+                            table: j.table.clone(),
+                            store,
+                        },
+                    )
+                }
+                _ => continue,
+            },
             Step::GroupBy(g) => (
                 repartition(application_id, step, g.name()),
                 Origin::Repartition {
@@ -207,25 +268,68 @@ pub struct InternalTopic {
     pub config: Vec<(&'static str, String)>,
 }
 
+/// Why the internal topics of an app cannot be planned.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// A topic the app reads does not exist.
+    #[error("source topic {0:?} does not exist: create it, the app starts once it does")]
+    Missing(String),
+    /// A table and the stream joining it (or two tables joined by the same tasks) have
+    /// different partition counts.
+    #[error(
+        "table {table:?} (topic {topic:?}, {table_partitions} partitions) is joined with {other:?} ({other_partitions} partitions): a join reads the same partition of both, so they need the same partition count (co-partitioning, as in Kafka Streams); give {topic:?} {other_partitions} partitions, or repartition the stream with a groupBy before the join"
+    )]
+    NotCopartitioned {
+        table: String,
+        topic: String,
+        table_partitions: i32,
+        other: String,
+        other_partitions: i32,
+    },
+}
+
 /// The internal topics of an app, given the partition counts of its external source topics:
-/// repartition topics get the partitions of the sub-topology that writes them, changelogs
-/// those of the sub-topology whose tasks own the stores (one partition per task).
-/// Returns the source topic that is missing, if one is.
+/// repartition topics get the partitions of the sub-topology that writes them (or of the
+/// tables the reading sub-topology joins, as Kafka Streams sizes a repartition topic before a
+/// join), changelogs those of the sub-topology whose tasks own the stores (one partition per
+/// task). Global tables' topics (`globals`) only have to exist.
 pub fn plan(
     application_id: &str,
     subs: &[SubLayout],
+    globals: &[String],
     with_dead_letter: bool,
     partitions_of: impl Fn(&str) -> Option<i32>,
-) -> Result<(Vec<InternalTopic>, Vec<i32>), String> {
+) -> Result<(Vec<InternalTopic>, Vec<i32>), PlanError> {
     let mut out = Vec::new();
     let mut counts = Vec::new();
     let mut upstream = 0;
+    let count = |topic: &str| partitions_of(topic).ok_or_else(|| PlanError::Missing(topic.into()));
+    for g in globals {
+        count(g)?;
+    }
     for sub in subs {
-        let n = if sub.internal {
-            upstream
-        } else {
-            partitions_of(&sub.source).ok_or_else(|| sub.source.clone())?
+        // The stream (or the first table, for a repartitioned stream) fixes the count.
+        let mut fixed = match sub.internal {
+            true => None,
+            false => Some((sub.source.clone(), count(&sub.source)?)),
         };
+        for t in &sub.tables {
+            let n = count(&t.topic)?;
+            match &fixed {
+                Some((other, m)) if *m != n => {
+                    return Err(PlanError::NotCopartitioned {
+                        table: t.name.clone(),
+                        topic: t.topic.clone(),
+                        table_partitions: n,
+                        other: other.clone(),
+                        other_partitions: *m,
+                    });
+                }
+                Some(_) => {}
+                None => fixed = Some((t.topic.clone(), n)),
+            }
+        }
+        let n = fixed.map_or(upstream, |(_, n)| n);
         if sub.internal {
             out.push(InternalTopic {
                 name: sub.source.clone(),
@@ -266,7 +370,7 @@ mod tests {
         let subs = layout("a", &app.spec);
         assert_eq!(subs.len(), 2);
         let (topics, counts) =
-            plan("a", &subs, true, |t| (t == "in").then_some(6)).expect("planned");
+            plan("a", &subs, &[], true, |t| (t == "in").then_some(6)).expect("planned");
         let names: Vec<(&str, i32)> = topics
             .iter()
             .map(|t| (t.name.as_str(), t.partitions))
@@ -276,7 +380,87 @@ mod tests {
             [("a-1-repartition", 6), ("a-c-changelog", 6), ("a-dlq", 1)]
         );
         assert_eq!(counts, [6, 6]);
-        assert_eq!(plan("a", &subs, false, |_| None), Err("in".to_string()));
+        assert_eq!(
+            plan("a", &subs, &[], false, |_| None),
+            Err(PlanError::Missing("in".into()))
+        );
+    }
+
+    #[test]
+    fn a_joined_table_is_read_by_the_tasks_of_its_join_with_as_many_partitions() {
+        let app = crate::parse_app(
+            "tables:\n  c: {topic: customers, store: cs}\n  g: {topic: countries, global: true}\ntopology:\n- from: {topic: orders}\n- join: {table: g, key: '.country', as: '.'}\n- groupBy: '.customer'\n- join: {table: c, as: '.'}\n- to: {topic: out}\n",
+        )
+        .expect("valid");
+        let subs = layout("a", &app.spec);
+        assert_eq!(subs[0].tables, []);
+        assert_eq!(
+            subs[1].tables,
+            [TableLayout {
+                name: "c".into(),
+                topic: "customers".into()
+            }]
+        );
+        assert_eq!(subs[1].stores[0].name, "cs");
+        let globals = global_topics(&app.spec);
+        assert_eq!(globals, ["countries"]);
+        // The repartition topic before the join gets the table's partitions, not the
+        // stream's.
+        let counts = |t: &str| match t {
+            "orders" => Some(6),
+            "customers" => Some(4),
+            "countries" => Some(1),
+            _ => None,
+        };
+        let (topics, tasks) = plan("a", &subs, &globals, false, counts).expect("planned");
+        let names: Vec<(&str, i32)> = topics
+            .iter()
+            .map(|t| (t.name.as_str(), t.partitions))
+            .collect();
+        assert_eq!(names, [("a-2-repartition", 4), ("a-cs-changelog", 4)]);
+        assert_eq!(tasks, [6, 4]);
+        let names: Vec<String> = internal_names("a", &app.spec)
+            .iter()
+            .map(|n| format!("{} ({})", n.topic, n.origin))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "a-2-repartition (repartition, topology[2] groupBy)",
+                "a-cs-changelog (changelog of store cs, tables.c)"
+            ]
+        );
+        // A missing global topic is a missing source.
+        assert_eq!(
+            plan("a", &subs, &globals, false, |t| (t != "countries")
+                .then_some(4)),
+            Err(PlanError::Missing("countries".into()))
+        );
+    }
+
+    #[test]
+    fn a_table_joined_by_a_stream_with_other_partition_counts_is_refused() {
+        let app = crate::parse_app(
+            "tables:\n  c: {topic: customers}\ntopology:\n- from: {topic: orders}\n- join: {table: c, as: '.'}\n",
+        )
+        .expect("valid");
+        let subs = layout("a", &app.spec);
+        let e = plan("a", &subs, &[], false, |t| {
+            Some(if t == "orders" { 6 } else { 4 })
+        })
+        .expect_err("not co-partitioned");
+        assert_eq!(
+            e,
+            PlanError::NotCopartitioned {
+                table: "c".into(),
+                topic: "customers".into(),
+                table_partitions: 4,
+                other: "orders".into(),
+                other_partitions: 6
+            }
+        );
+        let m = e.to_string();
+        assert!(m.contains("give \"customers\" 6 partitions"), "{m}");
     }
 
     #[test]
@@ -303,7 +487,7 @@ mod tests {
             ]
         );
         // The same names as the plan the operator and the worker create topics from.
-        let (planned, _) = plan("a", &subs, true, |_| Some(1)).expect("planned");
+        let (planned, _) = plan("a", &subs, &[], true, |_| Some(1)).expect("planned");
         let mut planned: Vec<&str> = planned.iter().map(|t| t.name.as_str()).collect();
         let mut listed: Vec<&str> = names
             .iter()

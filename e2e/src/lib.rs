@@ -322,6 +322,24 @@ pub fn produce_at(topic: &str, records: &[(Vec<u8>, Vec<u8>, i64)]) -> Result<()
     Ok(())
 }
 
+/// Produce tombstones (a key, no value) with the given timestamps, each to its key's
+/// partition as Kafka's Java client would pick it.
+pub fn produce_tombstones(topic: &str, records: &[(Vec<u8>, i64)]) -> Result<()> {
+    let n = partition_count(topic)?;
+    let p: ThreadedProducer<DefaultProducerContext> =
+        client(&[("linger.ms", "20"), ("enable.idempotence", "true")])?.create()?;
+    for (k, ts) in records {
+        let part = eddy_worker::partitioner::partition_for(k, n);
+        let rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
+            .partition(part)
+            .key(k.as_slice())
+            .timestamp(*ts);
+        send(&p, rec)?;
+    }
+    p.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
 /// Send a record, waiting for queue space when librdkafka's queue is full.
 pub fn send<'a>(
     p: &ThreadedProducer<DefaultProducerContext>,

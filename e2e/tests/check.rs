@@ -138,3 +138,27 @@ fn check_reports_dropped_state_and_reads_the_previous_version_from_stdin() -> Re
     );
     Ok(())
 }
+
+/// A join draws as a graph, as Kafka Streams' `Topology#describe` does: the table's topic is
+/// a second source of the join's sub-topology, feeding the store the join reads; a global
+/// table is held whole by every worker and has no changelog.
+#[test]
+fn check_draws_joins_as_a_graph_with_their_tables() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let app = "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {name: shop}\nspec:\n  tables:\n    customers: {topic: customers}\n    countries: {topic: countries, global: true}\n  topology:\n    - from: {topic: orders}\n    - join: {table: countries, key: '.country', as: '. + {country: $right.name}'}\n    - groupBy: '.customer'\n    - join: {table: customers, type: left, as: '. + {customer: $right}'}\n    - to: {topic: enriched}\n";
+    let (code, out, err) = check(dir.path(), app, None, None)?;
+    ensure!(code == 0, "exit {code}\n{out}{err}");
+    for want in [
+        "sub-topology 0: a task per partition of orders\n  source orders\n    --> join-1\n  processor join-1 (stores: countries)\n    --> groupBy-2\n",
+        "sub-topology 1: a task per partition of shop-2-repartition\n  source shop-2-repartition (repartition)\n    --> join-3\n  source customers (table customers)\n    --> table-customers\n",
+        "  processor join-3 (stores: customers)\n    --> to-4\n",
+        "  processor table-customers (stores: customers)\n    --> none\n",
+        "  store customers -> shop-customers-changelog\n  to enriched\n",
+        "global table countries: every worker holds all of countries in store countries",
+        "  shop-customers-changelog (changelog of store customers, tables.customers)\n",
+    ] {
+        ensure!(out.contains(want), "missing {want:?} in\n{out}");
+    }
+    ensure!(!out.contains("shop-countries-changelog"), "{out}");
+    Ok(())
+}

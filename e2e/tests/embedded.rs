@@ -69,6 +69,7 @@ fn config(
     };
     cfg.topology = Topology {
         subtopologies: vec![sub(SubTopology::new(0, source))],
+        ..Default::default()
     };
     Ok(cfg)
 }

@@ -261,14 +261,16 @@ pub fn reconcile_with(
             KafkaFacts::Topics(existing) => {
                 let layout = topics::layout(&application_id, &app.spec);
                 let dead_letter = app.spec.on_error == eddy_crds::OnError::DeadLetter;
-                match topics::plan(&application_id, &layout, dead_letter, |t| {
+                let globals = topics::global_topics(&app.spec);
+                match topics::plan(&application_id, &layout, &globals, dead_letter, |t| {
                     existing.get(t).copied()
                 }) {
-                    Err(missing) => problems.push(Problem::new(
-                        Reason::SourceTopicMissing,
-                        format!(
-                            "source topic {missing:?} does not exist: create it, the app starts once it does"
-                        ),
+                    Err(e) => problems.push(Problem::new(
+                        match e {
+                            topics::PlanError::Missing(_) => Reason::SourceTopicMissing,
+                            topics::PlanError::NotCopartitioned { .. } => Reason::NotCopartitioned,
+                        },
+                        e.to_string(),
                     )),
                     Ok((internal, partitions)) => {
                         for t in &internal {
@@ -284,18 +286,29 @@ pub fn reconcile_with(
                                 None => topics_to_create.push(t.clone()),
                             }
                         }
-                        let placed = place(app, &name, replicas, &layout, &partitions, observed, &prev, now);
+                        let placed = place(
+                            app,
+                            &name,
+                            replicas,
+                            &layout,
+                            &partitions,
+                            observed,
+                            &prev,
+                            now,
+                        );
                         if let Some(o) = objects.as_mut() {
                             o.stateful_set.spec.replicas = Some(placed.stateful_set_replicas);
                         }
                         let acceptable = acceptable_lag(app);
-                        events.extend(placement::describe_moves(&placed.moves, acceptable).into_iter().map(
-                            |(reason, message)| Event {
-                                warning: false,
-                                reason,
-                                message,
-                            },
-                        ));
+                        events.extend(
+                            placement::describe_moves(&placed.moves, acceptable)
+                                .into_iter()
+                                .map(|(reason, message)| Event {
+                                    warning: false,
+                                    reason,
+                                    message,
+                                }),
+                        );
                         status.assignment = Some(placed.assignment);
                         progress = Some(placed.progress);
                     }
@@ -332,8 +345,7 @@ pub fn reconcile_with(
     status.backlog = status
         .workers
         .values()
-        .flat_map(|w| w.tasks.values())
-        .map(|t| t.restore_backlog)
+        .map(|w| w.global_backlog + w.tasks.values().map(|t| t.restore_backlog).sum::<i64>())
         .sum();
     problems.extend(problems::from_workers(&status));
 

@@ -36,6 +36,8 @@ pub enum TopicError {
         topic: String,
         code: RDKafkaErrorCode,
     },
+    #[error(transparent)]
+    Plan(topics::PlanError),
     #[error("starting an async runtime for the Kafka admin client: {0}")]
     Runtime(#[source] std::io::Error),
     #[error("reading the configs of topic {topic:?}: {code}")]
@@ -61,6 +63,7 @@ impl TopicError {
                     )
             }
             TopicError::Missing { .. }
+            | TopicError::Plan(_)
             | TopicError::WrongPartitions { .. }
             | TopicError::Runtime(_) => false,
         }
@@ -147,8 +150,15 @@ pub fn plan(
         .subtopologies
         .iter()
         .map(|s| topics::SubLayout {
-            source: s.source.topic.clone(),
-            internal: s.source.internal,
+            source: s.source().topic.clone(),
+            internal: s.source().internal,
+            tables: s.inputs[1..]
+                .iter()
+                .map(|i| topics::TableLayout {
+                    name: i.table.clone().unwrap_or_else(|| i.source.topic.clone()),
+                    topic: i.source.topic.clone(),
+                })
+                .collect(),
             stores: s
                 .stores
                 .iter()
@@ -160,13 +170,22 @@ pub fn plan(
         })
         .collect();
     let dead_letter = cfg.on_error == eddy_crds::OnError::DeadLetter;
-    topics::plan(&cfg.application_id, &subs, dead_letter, |t| {
+    let globals: Vec<String> = cfg
+        .topology
+        .globals
+        .iter()
+        .map(|g| g.topic.clone())
+        .collect();
+    topics::plan(&cfg.application_id, &subs, &globals, dead_letter, |t| {
         external.get(t).copied()
     })
     .map(|(topics, _)| topics)
-    .map_err(|topic| TopicError::Missing {
-        topic,
-        role: "the source of the topology",
+    .map_err(|e| match e {
+        topics::PlanError::Missing(topic) => TopicError::Missing {
+            topic,
+            role: "a source of the topology",
+        },
+        e => TopicError::Plan(e),
     })
 }
 

@@ -20,6 +20,7 @@ pub mod config;
 pub mod expr;
 pub mod fault;
 pub mod format;
+pub mod global;
 pub mod http;
 pub mod ingest;
 pub mod metrics;

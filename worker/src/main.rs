@@ -66,6 +66,10 @@ struct CheckArgs {
     /// The applicationId of both versions, over the files' (as `run --application-id`).
     #[arg(long)]
     application_id: Option<String>,
+    /// Also check the app against a Kafka cluster: the topics it reads and writes exist, and
+    /// the tables it joins have the partition counts of the streams joining them.
+    #[arg(long)]
+    bootstrap_servers: Option<String>,
 }
 
 /// `check --previous` found records in flight that would be stranded or state dropped.
@@ -115,21 +119,58 @@ fn main() -> ExitCode {
     })
 }
 
-fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
-    let cfg = load_for_check(&a.file, a.application_id.clone())?;
-    println!("application {}", cfg.application_id);
+/// The topology as a graph, as Kafka Streams' `Topology#describe` draws it: each
+/// sub-topology's sources and processors with the stores they use and where their output
+/// goes, its stores' changelogs, its sinks, then the global tables.
+fn describe(cfg: &eddy_worker::config::WorkerConfig) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let names = |next: Option<usize>, s: &eddy_worker::topology::SubTopology| {
+        next.and_then(|n| s.processors.get(n))
+            .map_or_else(|| "none".to_string(), |n| n.name.clone())
+    };
     for s in &cfg.topology.subtopologies {
-        println!(
-            "sub-topology {}: from {} ({} processors)",
+        let _ = writeln!(
+            out,
+            "sub-topology {}: a task per partition of {}",
             s.id,
-            s.source.topic,
-            s.processors.len()
+            s.source().topic
         );
+        for i in &s.inputs {
+            let what = match (&i.table, i.source.internal) {
+                (Some(t), _) => format!(" (table {t})"),
+                (None, true) => " (repartition)".to_string(),
+                (None, false) => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "  source {}{what}\n    --> {}",
+                i.source.topic,
+                names(i.entry, s)
+            );
+        }
+        for n in &s.processors {
+            let stores = match n.stores.is_empty() {
+                true => String::new(),
+                false => format!(" (stores: {})", n.stores.join(", ")),
+            };
+            let _ = writeln!(
+                out,
+                "  processor {}{stores}\n    --> {}",
+                n.name,
+                names(n.next, s)
+            );
+        }
         for st in &s.stores {
             let changelog = eddy_crds::topics::changelog(&cfg.application_id, &st.name);
-            match &st.window {
-                Some(w) => println!(
-                    "  {} store {} ({}, retention {}) -> {changelog}",
+            let fed = st
+                .forward_to
+                .map(|f| format!(", updates --> {}", names(Some(f), s)))
+                .unwrap_or_default();
+            let _ = match &st.window {
+                Some(w) => writeln!(
+                    out,
+                    "  {} store {} ({}, retention {}{fed}) -> {changelog}",
                     if matches!(w.windows, eddy_worker::window::Windows::Session { .. }) {
                         "session"
                     } else {
@@ -140,14 +181,40 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
                     w.retention
                 ),
                 None if st.name.ends_with("-suppress") && st.ordered => {
-                    println!("  suppression buffer {} -> {changelog}", st.name)
+                    writeln!(out, "  suppression buffer {} -> {changelog}", st.name)
                 }
-                None => println!("  store {} -> {changelog}", st.name),
-            }
+                None if fed.is_empty() => writeln!(out, "  store {} -> {changelog}", st.name),
+                None => writeln!(out, "  store {} ({}) -> {changelog}", st.name, &fed[2..]),
+            };
         }
         for sink in &s.sinks {
-            println!("  to {}", sink.topic);
+            let _ = writeln!(out, "  to {}", sink.topic);
         }
+    }
+    for g in &cfg.topology.globals {
+        let _ = writeln!(
+            out,
+            "global table {}: every worker holds all of {} in store {}, restored before processing (the topic is its changelog)",
+            g.name, g.topic, g.store
+        );
+    }
+    out
+}
+
+fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
+    let cfg = load_for_check(
+        &a.file,
+        a.application_id.clone(),
+        a.bootstrap_servers.clone(),
+    )?;
+    println!("application {}", cfg.application_id);
+    print!("{}", describe(&cfg));
+    if let Some(servers) = &a.bootstrap_servers {
+        let (counts, _) =
+            eddy_worker::changelog::describe(&cfg, std::time::Duration::from_secs(10))?;
+        eddy_worker::changelog::plan(&cfg, &counts)
+            .with_context(|| format!("checking the app's topics on {servers}"))?;
+        println!("kafka {servers}: the topics read exist, joined topics are co-partitioned");
     }
     println!("internal topics:");
     for n in eddy_crds::topics::internal_names(&cfg.application_id, &cfg.spec) {
@@ -156,8 +223,8 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
     let Some(previous) = a.previous else {
         return Ok(ExitCode::SUCCESS);
     };
-    let old =
-        load_for_check(&previous, a.application_id).context("the previous version (--previous)")?;
+    let old = load_for_check(&previous, a.application_id, None)
+        .context("the previous version (--previous)")?;
     let changes = eddy_crds::upgrade::compare(
         Version {
             application_id: &old.application_id,
@@ -190,9 +257,13 @@ fn check(a: CheckArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// An app file as `check` reads it (`-`: standard input): valid, compiled, no Kafka needed.
-fn load_for_check(path: &Path, application_id: Option<String>) -> anyhow::Result<WorkerConfig> {
+fn load_for_check(
+    path: &Path,
+    application_id: Option<String>,
+    bootstrap_servers: Option<String>,
+) -> anyhow::Result<WorkerConfig> {
     let o = Overrides {
-        bootstrap_servers: Some("unused:9092".into()),
+        bootstrap_servers: Some(bootstrap_servers.unwrap_or_else(|| "unused:9092".into())),
         application_id,
         ..Default::default()
     };

@@ -93,6 +93,8 @@ pub trait Sink {
 pub struct Context<'a> {
     pub(crate) stores: &'a mut [StoreState],
     pub(crate) db: Option<&'a TaskDb>,
+    /// The app's global tables, if it has any.
+    pub(crate) global: Option<&'a crate::global::GlobalStores>,
     pub(crate) sink: &'a mut dyn Sink,
     pub(crate) out: &'a mut Vec<Record>,
 }
@@ -137,6 +139,15 @@ impl<'a> Context<'a> {
             .find(|s| s.name == name)
             .ok_or_else(|| StoreError::Unknown(name.to_string()))?;
         Ok(KeyValueStore { state, db: self.db })
+    }
+
+    /// The value of `key` in a global table's store (`spec.tables.<name>` with `global:
+    /// true`): every key, whatever the task's partition.
+    pub fn global(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, ProcessError> {
+        match self.global {
+            Some(g) => Ok(g.get(store, key)?),
+            None => Err(StoreError::Unknown(store.to_string()).into()),
+        }
     }
 
     /// The task's shard of a window store (declared with [`crate::topology::StoreDef::window`]).

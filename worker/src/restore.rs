@@ -48,8 +48,9 @@ pub enum RestoreError {
     WriterStopped,
 }
 
-/// Reaching the end of a changelog is how restore knows it is done, not an error to log.
-struct RestoreContext;
+/// Reaching the end of a changelog is how restore knows it is done, not an error to log (a
+/// global table's restore uses it too).
+pub(crate) struct RestoreContext;
 
 impl ClientContext for RestoreContext {
     fn error(&self, error: KafkaError, reason: &str) {

@@ -18,6 +18,7 @@ use crate::changelog::{self, TopicError, Topics};
 use crate::collector::{self, Collector, DeliveryError};
 use crate::config::WorkerConfig;
 use crate::fault;
+use crate::global::{GlobalError, GlobalThreads};
 use crate::metrics::{Metrics, PartitionLabels, ReasonLabels};
 use crate::plan::{self, Desired};
 use crate::processor::ProcessError;
@@ -25,7 +26,7 @@ use crate::record::Origin;
 use crate::restore::{self, RestoreError, Restored};
 pub use crate::status::{Peer, Status};
 use crate::store::{StateResources, StoreError};
-use crate::task::{Task, TaskError, TaskState};
+use crate::task::{Position, Task, TaskError, TaskState};
 use crate::updater::{MemoryStores, Updater, UpdaterError};
 use eddy_crds::TaskId;
 use eddy_crds::resource::{TaskRole, TaskStatus, WorkerProblem, WorkerProblemReason};
@@ -66,6 +67,8 @@ pub enum RuntimeError {
     CommitStalled(Duration),
     #[error("standby tasks: {0}")]
     Updater(UpdaterError),
+    #[error(transparent)]
+    Global(#[from] GlobalError),
 }
 
 impl RuntimeError {
@@ -94,6 +97,12 @@ impl RuntimeError {
             | RuntimeError::CommitStalled(_)
             | RuntimeError::Leaderless(_) => true,
             RuntimeError::Updater(_) => false,
+            RuntimeError::Global(e) => match e {
+                GlobalError::Kafka { source, .. } => !fault::is_fatal(source),
+                GlobalError::Store(e) => e.is_transient(),
+                GlobalError::NoPartitions { .. } | GlobalError::Died(_) => true,
+                GlobalError::Spawn(_) => false,
+            },
         }
     }
 
@@ -127,6 +136,7 @@ impl RuntimeError {
                 ..
             })
             | RuntimeError::Restore(RestoreError::Store { .. })
+            | RuntimeError::Global(GlobalError::Store(_))
             | RuntimeError::Store(_) => WorkerProblemReason::StateStoreUnavailable,
             _ => WorkerProblemReason::KafkaUnavailable,
         }
@@ -165,7 +175,7 @@ impl LagReporter {
                 .topology
                 .subtopologies
                 .iter()
-                .map(|s| (s.source.topic.clone(), s.id))
+                .flat_map(|s| s.inputs.iter().map(|i| (i.source.topic.clone(), s.id)))
                 .collect(),
             leaderless_since: Mutex::new(None),
         }
@@ -267,8 +277,12 @@ pub fn run(
         updater: None,
         fenced: Vec::new(),
         jobs: Vec::new(),
+        globals: None,
     };
     let result = m.supervise();
+    if let Some(g) = m.globals.take() {
+        g.stop();
+    }
     m.status.ready.store(false, Ordering::Relaxed);
     for j in std::mem::take(&mut m.jobs) {
         j.cancel();
@@ -367,6 +381,8 @@ struct Manager<'a> {
     fenced: Vec<String>,
     /// Tasks gained and not yet running.
     jobs: Vec<RestoreJob>,
+    /// The threads keeping the global tables up to date (started with the first loop).
+    globals: Option<GlobalThreads>,
 }
 
 impl Manager<'_> {
@@ -422,6 +438,13 @@ impl Manager<'_> {
         }
         for t in std::mem::take(&mut self.tasks) {
             t.close_dirty();
+        }
+        // A global table whose thread stopped starts again from its checkpoints, with the
+        // others.
+        if self.globals.as_ref().is_some_and(|g| !g.running())
+            && let Some(g) = self.globals.take()
+        {
+            g.stop();
         }
         // A new consumer too: after every broker went away, librdkafka's consumer can stay
         // unable to reach the group coordinator for good (offset fetches time out forever).
@@ -513,6 +536,11 @@ impl Manager<'_> {
         while !self.status.shutdown.load(Ordering::Relaxed) {
             self.status.beat();
             self.ensure_started()?;
+            if !self.globals_ready()? {
+                // Kafka Streams too starts no task before its global tables are restored.
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
             if let Some(desired) = self.wanted() {
                 self.change(&desired)?;
                 route = Router::new(&self.tasks);
@@ -541,7 +569,7 @@ impl Manager<'_> {
                         break;
                     }
                 };
-                let Some(ti) = route.task(msg.topic(), msg.partition()) else {
+                let Some((ti, input)) = route.task(msg.topic(), msg.partition()) else {
                     continue;
                 };
                 let origin = Origin {
@@ -551,12 +579,31 @@ impl Manager<'_> {
                     key: msg.key(),
                     value: msg.payload(),
                 };
-                self.tasks[ti].process(&origin, msg.timestamp().to_millis().unwrap_or(-1))?;
+                let ts = msg.timestamp().to_millis().unwrap_or(-1);
+                if self.tasks[ti].buffers() {
+                    self.tasks[ti].buffer(input, &origin, ts);
+                    let consumer = &self.consumer;
+                    let partition = self.tasks[ti].id.partition;
+                    self.tasks[ti]
+                        .process_buffered(|i| position(consumer, &i.topic, partition, i.fetched))?;
+                } else {
+                    self.tasks[ti].process(input, &origin, ts)?;
+                }
                 if self.tasks[ti].wants_commit() {
                     next_commit = Instant::now();
                 }
                 if Instant::now() >= next_commit {
                     break;
+                }
+            }
+            // Buffered records whose wait for another input ended (it reached its end or
+            // was idle too long).
+            for t in self.tasks.iter_mut().filter(|t| t.buffered() > 0) {
+                let consumer = &self.consumer;
+                let partition = t.id.partition;
+                t.process_buffered(|i| position(consumer, &i.topic, partition, i.fetched))?;
+                if t.wants_commit() {
+                    next_commit = Instant::now();
                 }
             }
             let now = std::time::SystemTime::now()
@@ -586,6 +633,34 @@ impl Manager<'_> {
         self.commit().map(|_| ())
     }
 
+    /// The global tables are restored (their threads start on the first call): tasks are
+    /// created and process only then.
+    fn globals_ready(&mut self) -> Result<bool, RuntimeError> {
+        let tables = &self.cfg.topology.globals;
+        if tables.is_empty() {
+            return Ok(true);
+        }
+        match &mut self.globals {
+            None => {
+                self.globals = Some(GlobalThreads::start(
+                    self.cfg,
+                    tables,
+                    &self.resources,
+                    self.metrics.clone(),
+                )?);
+                Ok(false)
+            }
+            Some(g) => {
+                g.check()?;
+                let backlog = g.backlog();
+                if let Ok(mut r) = self.status.report.lock() {
+                    r.global_backlog = backlog;
+                }
+                Ok(g.restored())
+            }
+        }
+    }
+
     /// Every task of the app, as (sub-topology index, id). Empty until Kafka told the
     /// partition counts; the loop asks before it needs them.
     fn all_tasks(&self) -> Vec<TaskId> {
@@ -597,7 +672,11 @@ impl Manager<'_> {
             .subtopologies
             .iter()
             .flat_map(|s| {
-                (0..topics.partitions.get(&s.source.topic).copied().unwrap_or(0))
+                (0..topics
+                    .partitions
+                    .get(&s.source().topic)
+                    .copied()
+                    .unwrap_or(0))
                     .map(move |p| TaskId::new(s.id, p))
             })
             .collect()
@@ -683,7 +762,9 @@ impl Manager<'_> {
             self.tasks = keep;
             let mut tpl = TopicPartitionList::new();
             for mut t in release {
-                tpl.add_partition(&t.input_topic, t.id.partition);
+                for i in &t.inputs {
+                    tpl.add_partition(&i.topic, t.id.partition);
+                }
                 t.close()?;
                 t.forget_metrics();
                 if c.demote.contains(&t.id) {
@@ -826,7 +907,9 @@ impl Manager<'_> {
         // cluster the group coordinator may still be loading: retry those answers.
         let mut tpl = TopicPartitionList::new();
         for t in &added {
-            tpl.add_partition(&t.input_topic, t.id.partition);
+            for i in &t.inputs {
+                tpl.add_partition(&i.topic, t.id.partition);
+            }
         }
         let committed = retry(Duration::from_secs(60), || {
             self.consumer
@@ -863,7 +946,10 @@ impl Manager<'_> {
         };
         // Knowing the partition leaders before assigning lets the first fetch go out at once
         // instead of after librdkafka's own metadata refresh (about half a second).
-        let mut topics: Vec<&str> = added.iter().map(|t| t.input_topic.as_str()).collect();
+        let mut topics: Vec<&str> = added
+            .iter()
+            .flat_map(|t| t.inputs.iter().map(|i| i.topic.as_str()))
+            .collect();
         topics.sort_unstable();
         topics.dedup();
         for topic in topics {
@@ -891,6 +977,13 @@ impl Manager<'_> {
             self.in_transaction = true;
         }
         for t in &mut added {
+            for e in committed.elements() {
+                if let Offset::Offset(o) = e.offset()
+                    && e.partition() == t.id.partition
+                {
+                    t.resume_at(e.topic(), o);
+                }
+            }
             t.transition(TaskState::Running);
         }
         self.tasks.extend(added);
@@ -927,7 +1020,7 @@ impl Manager<'_> {
                 continue;
             };
             let collector = Collector::new(producer.clone(), topics.clone());
-            out.push(Task::new(
+            let task = Task::new(
                 cfg,
                 sub,
                 id.partition,
@@ -935,7 +1028,8 @@ impl Manager<'_> {
                 collector,
                 cache_share,
                 self.metrics.clone(),
-            )?);
+            )?;
+            out.push(task.with_global(self.globals.as_ref().map(|g| g.stores.clone())));
         }
         Ok(out)
     }
@@ -959,14 +1053,16 @@ impl Manager<'_> {
         }
         let mut offsets = TopicPartitionList::new();
         for &i in &dirty {
-            if let Some(o) = tasks[i].next_offset {
-                offsets
-                    .add_partition_offset(
-                        &tasks[i].input_topic,
-                        tasks[i].id.partition,
-                        Offset::Offset(o),
-                    )
-                    .map_err(kafka("building offsets"))?;
+            for input in &tasks[i].inputs {
+                if let Some(o) = input.next_offset {
+                    offsets
+                        .add_partition_offset(
+                            &input.topic,
+                            tasks[i].id.partition,
+                            Offset::Offset(o),
+                        )
+                        .map_err(kafka("building offsets"))?;
+                }
             }
         }
         collector::flush(&p, Duration::from_secs(60)).map_err(kafka("waiting for deliveries"))?;
@@ -1215,6 +1311,21 @@ fn commit_offsets(
     }
 }
 
+/// Where an input stands: at its end when what was fetched (`fetched`: the offset after the
+/// last record fetched, or where the task resumed) reaches the partition's high watermark.
+fn position<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+    fetched: Option<i64>,
+) -> Position {
+    match (fetched, high_watermark(consumer, topic, partition)) {
+        (Some(f), Some(h)) if f >= h => Position::AtEnd,
+        (_, Some(_)) => Position::Behind,
+        (_, None) => Position::Unknown,
+    }
+}
+
 /// Longer than a leader election takes, shorter than anyone waits for a stalled partition.
 const LEADERLESS_LIMIT: Duration = Duration::from_secs(30);
 
@@ -1225,31 +1336,61 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// (a worker reports at once when it lets tasks go, and at least every 5 s).
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Maps an input (topic, partition) to the task that owns it.
+/// Partition → (index of the task reading it, index of the input it is to that task).
+type Readers = HashMap<i32, (usize, usize)>;
+
+/// Maps an input (topic, partition) to the task that owns it and which of its inputs it is.
 struct Router {
-    topics: Vec<(String, HashMap<i32, usize>)>,
+    topics: Vec<(String, Readers)>,
 }
 
 impl Router {
     fn new(tasks: &[Task]) -> Self {
-        let mut topics: Vec<(String, HashMap<i32, usize>)> = Vec::new();
+        let mut topics: Vec<(String, Readers)> = Vec::new();
         for (i, t) in tasks.iter().enumerate() {
-            match topics.iter_mut().find(|(n, _)| *n == t.input_topic) {
-                Some((_, m)) => {
-                    m.insert(t.id.partition, i);
+            for (j, input) in t.inputs.iter().enumerate() {
+                let at = (t.id.partition, (i, j));
+                match topics.iter_mut().find(|(n, _)| *n == input.topic) {
+                    Some((_, m)) => {
+                        m.insert(at.0, at.1);
+                    }
+                    None => topics.push((input.topic.clone(), HashMap::from([at]))),
                 }
-                None => topics.push((t.input_topic.clone(), HashMap::from([(t.id.partition, i)]))),
             }
         }
         Self { topics }
     }
 
-    fn task(&self, topic: &str, partition: i32) -> Option<usize> {
+    fn task(&self, topic: &str, partition: i32) -> Option<(usize, usize)> {
         self.topics
             .iter()
             .find(|(n, _)| n == topic)
             .and_then(|(_, m)| m.get(&partition).copied())
     }
+}
+
+/// The high watermark librdkafka last heard of for a partition (no request: it comes with
+/// every fetch response), if it has heard one.
+fn high_watermark<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let topic = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer is valid while `consumer` lives; librdkafka copies nothing
+    // from `topic` past the call and writes only the two offsets.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+        .then_some(high)
 }
 
 #[cfg(test)]

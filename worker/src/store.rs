@@ -242,8 +242,10 @@ impl TaskDb {
         let mut it = self.db.raw_iterator_cf(meta);
         it.seek(CHECKPOINT_PREFIX);
         while let Some(key) = it.key().filter(|k| k.starts_with(CHECKPOINT_PREFIX)) {
-            let store = String::from_utf8_lossy(&key[CHECKPOINT_PREFIX.len()..]);
-            if !kept(&store) {
+            let name = String::from_utf8_lossy(&key[CHECKPOINT_PREFIX.len()..]);
+            // A global table's checkpoints are per partition: `<store>#<partition>`.
+            let store = name.split('#').next().unwrap_or_default();
+            if !kept(store) {
                 batch.delete_cf(meta, key);
             }
             it.next();
@@ -251,7 +253,10 @@ impl TaskDb {
         self.rocks(it.status())?;
         drop(it);
         for s in stores.iter().filter(|s| kept(s)) {
-            if self.checkpoint(s)?.is_none() && self.clear_into(&mut batch, s)? {
+            if self.checkpoint(s)?.is_none()
+                && self.partition_checkpoints(s)?.is_empty()
+                && self.clear_into(&mut batch, s)?
+            {
                 out.cleared.push(s.clone());
             }
         }
@@ -487,6 +492,53 @@ impl TaskDb {
         }
     }
 
+    /// The checkpoints of a store fed by several partitions (a global table's, written under
+    /// [`partition_checkpoint`] names): partition → next offset.
+    pub fn partition_checkpoints(
+        &self,
+        store: &str,
+    ) -> Result<std::collections::HashMap<i32, i64>, StoreError> {
+        let meta = self.cf(META_CF)?;
+        let prefix = checkpoint_key(&format!("{store}#"));
+        let mut out = std::collections::HashMap::new();
+        let mut it = self.db.raw_iterator_cf(meta);
+        it.seek(&prefix);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let partition = std::str::from_utf8(&k[prefix.len()..])
+                .ok()
+                .and_then(|p| p.parse::<i32>().ok());
+            let offset = <[u8; 8]>::try_from(v).ok().map(i64::from_be_bytes);
+            match (partition, offset) {
+                (Some(p), Some(o)) => {
+                    out.insert(p, o);
+                }
+                _ => {
+                    return Err(StoreError::Checkpoint {
+                        store: store.to_string(),
+                        path: self.path.clone(),
+                    });
+                }
+            }
+            it.next();
+        }
+        self.rocks(it.status())?;
+        Ok(out)
+    }
+
+    /// Empty a store fed by several partitions and delete their checkpoints.
+    pub fn clear_partitioned(&self, store: &str) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        self.clear_into(&mut batch, store)?;
+        let meta = self.cf(META_CF)?;
+        for p in self.partition_checkpoints(store)?.keys() {
+            batch.delete_cf(meta, checkpoint_key(&partition_checkpoint(store, *p)));
+        }
+        self.rocks(self.db.write_opt(batch, &self.write))
+    }
+
     /// Apply changes of several stores and their new checkpoints in ONE atomic batch.
     pub fn write<'a>(
         &self,
@@ -662,6 +714,11 @@ impl TaskDb {
             prop("rocksdb.estimate-live-data-size") + prop("rocksdb.cur-size-all-mem-tables"),
         )
     }
+}
+
+/// The checkpoint name of one partition of a store fed by several (a global table's).
+pub fn partition_checkpoint(store: &str, partition: i32) -> String {
+    format!("{store}#{partition}")
 }
 
 fn checkpoint_key(store: &str) -> Vec<u8> {

@@ -135,17 +135,46 @@ pub struct SinkDef {
     pub internal: bool,
 }
 
-#[derive(Clone)]
-pub struct SubTopology {
-    pub id: u32,
+/// One topic a sub-topology's tasks read (the same partition as the task's): the source, and
+/// the tables it joins. Its records go to the processor `entry` and on along `next`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Input {
     pub source: Source,
-    pub processors: Vec<ProcessorSupplier>,
-    pub stores: Vec<StoreDef>,
-    pub sinks: Vec<SinkDef>,
-    /// The first processor sets each record's event time (`from.timestamp`, Kafka Streams'
+    /// The processor its records go to first; None if it has none.
+    pub entry: Option<usize>,
+    /// The entry processor sets each record's event time (`from.timestamp`, Kafka Streams'
     /// `TimestampExtractor`): the task's stream time, and so stream-time punctuation, follows
     /// the times it gives instead of the input records' Kafka timestamps.
     pub extracts_time: bool,
+    /// The table of `spec.tables` this input materializes, if it is one.
+    pub table: Option<String>,
+}
+
+/// A processor of a sub-topology: how to make one per task, its name and the stores it uses
+/// (what `eddy-worker check` draws), and where what it forwards goes.
+#[derive(Clone)]
+pub struct Node {
+    pub name: String,
+    pub stores: Vec<String>,
+    pub supplier: ProcessorSupplier,
+    /// The processor its output goes to; None ends the chain.
+    pub next: Option<usize>,
+}
+
+/// A sub-topology: its inputs, and its processors as a graph. Each input's records enter at
+/// its entry processor and go on along `next` (Kafka Streams' source nodes and child
+/// processors).
+#[derive(Clone)]
+pub struct SubTopology {
+    pub id: u32,
+    /// `inputs[0]` is the source whose partitions are the tasks; the others (tables) have as
+    /// many partitions.
+    pub inputs: Vec<Input>,
+    pub processors: Vec<Node>,
+    pub stores: Vec<StoreDef>,
+    pub sinks: Vec<SinkDef>,
+    /// The last processor of the chain being built, that [`Self::processor`] appends to.
+    tail: Option<usize>,
 }
 
 impl SubTopology {
@@ -153,16 +182,71 @@ impl SubTopology {
     pub fn new(id: u32, source: Source) -> Self {
         Self {
             id,
-            source,
+            inputs: vec![Input {
+                source,
+                entry: None,
+                extracts_time: false,
+                table: None,
+            }],
             processors: Vec::new(),
             stores: Vec::new(),
             sinks: Vec::new(),
-            extracts_time: false,
+            tail: None,
         }
     }
 
+    /// The source: its partitions are the sub-topology's tasks.
+    pub fn source(&self) -> &Source {
+        &self.inputs[0].source
+    }
+
+    /// Append a processor to the chain of the last input added: it receives what the
+    /// processor before it forwards (or the input's records, if it is the first).
     pub fn processor(mut self, p: impl Fn() -> Box<dyn Processor> + Send + Sync + 'static) -> Self {
-        self.processors.push(Arc::new(p));
+        let i = self.processors.len();
+        self.processors.push(Node {
+            name: format!("processor-{i}"),
+            stores: Vec::new(),
+            supplier: Arc::new(p),
+            next: None,
+        });
+        match self.tail {
+            Some(t) => self.processors[t].next = Some(i),
+            None => {
+                if let Some(input) = self.inputs.last_mut() {
+                    input.entry = Some(i);
+                }
+            }
+        }
+        self.tail = Some(i);
+        self
+    }
+
+    /// Name the processor added last, and say which stores it uses (what `eddy-worker check`
+    /// shows).
+    pub fn named(mut self, name: impl Into<String>, stores: &[&str]) -> Self {
+        if let Some(n) = self.processors.last_mut() {
+            n.name = name.into();
+            n.stores = stores.iter().map(|s| s.to_string()).collect();
+        }
+        self
+    }
+
+    /// Another topic the tasks read, co-partitioned with the source; the processors added
+    /// after this start its own chain.
+    pub fn input(mut self, source: Source) -> Self {
+        // A store forwarding to "the next processor" of a chain that ended has nowhere to go.
+        let end = Some(self.processors.len());
+        for s in self.stores.iter_mut().filter(|s| s.forward_to == end) {
+            s.forward_to = None;
+        }
+        self.inputs.push(Input {
+            source,
+            entry: None,
+            extracts_time: false,
+            table: None,
+        });
+        self.tail = None;
         self
     }
 
@@ -184,11 +268,17 @@ impl std::fmt::Debug for SubTopology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SubTopology")
             .field("id", &self.id)
-            .field("source", &self.source)
-            .field("processors", &self.processors.len())
+            .field("inputs", &self.inputs)
+            .field(
+                "processors",
+                &self
+                    .processors
+                    .iter()
+                    .map(|n| (&n.name, n.next))
+                    .collect::<Vec<_>>(),
+            )
             .field("stores", &self.stores)
             .field("sinks", &self.sinks)
-            .field("extracts_time", &self.extracts_time)
             .finish()
     }
 }
@@ -207,12 +297,16 @@ pub enum TopologyError {
     Window { step: usize, message: String },
     #[error("topology[{step}].suppress: suppress comes right after a windowed aggregation")]
     Suppress { step: usize },
+    #[error("topology[{step}].join: no table {table:?} in tables")]
+    NoTable { step: usize, table: String },
 }
 
-/// The application's sub-topologies, in data-flow order.
-#[derive(Clone, Debug)]
+/// The application's sub-topologies, in data-flow order, and its global tables.
+#[derive(Clone, Debug, Default)]
 pub struct Topology {
     pub subtopologies: Vec<SubTopology>,
+    /// Tables every task looks up whatever its partition ([`crate::global`]).
+    pub globals: Vec<crate::global::GlobalTable>,
 }
 
 impl Topology {
@@ -247,9 +341,14 @@ impl Topology {
         };
         if let Some(src) = &from.timestamp {
             let e = compile(0, src, &steps::VARS)?;
-            cur = cur.processor(move || Box::new(steps::Timestamp(e.clone())));
-            cur.extracts_time = true;
+            cur = cur
+                .processor(move || Box::new(steps::Timestamp(e.clone())))
+                .named("from.timestamp-0", &[]);
+            cur.inputs[0].extracts_time = true;
         }
+        // The tables the current sub-topology joins: read by its tasks, beside its source.
+        let mut tables: Vec<&str> = Vec::new();
+        let mut globals: Vec<crate::global::GlobalTable> = Vec::new();
         // The window the next aggregation is per, and whether keys are windowed results.
         let mut window: Option<WindowDef> = None;
         let mut windowed = false;
@@ -260,12 +359,16 @@ impl Topology {
                 Step::From(_) => return Err(TopologyError::NoSource),
                 Step::Filter(src) => {
                     let e = compile(i, src, &steps::VARS)?;
-                    cur = cur.processor(move || Box::new(steps::Filter(e.clone())));
+                    cur = cur
+                        .processor(move || Box::new(steps::Filter(e.clone())))
+                        .named(format!("filter-{i}"), &[]);
                     continue;
                 }
                 Step::Map(src) => {
                     let e = compile(i, src, &steps::VARS)?;
-                    cur = cur.processor(move || Box::new(steps::Map(e.clone())));
+                    cur = cur
+                        .processor(move || Box::new(steps::Map(e.clone())))
+                        .named(format!("map-{i}"), &[]);
                     vf = Format::Json;
                     continue;
                 }
@@ -282,6 +385,7 @@ impl Topology {
                             topic: t.clone(),
                         })
                     });
+                    cur = cur.named(format!("groupBy-{i}"), &[]);
                     cur.sinks.push(SinkDef {
                         topic: topic.clone(),
                         internal: true,
@@ -295,10 +399,51 @@ impl Topology {
                             internal: true,
                         },
                     );
-                    subs.push(std::mem::replace(&mut cur, next));
+                    let done = std::mem::replace(&mut cur, next);
+                    subs.push(with_tables(done, spec, std::mem::take(&mut tables)));
                     kf = key_format;
                     windowed = false;
                     last_windowed = None;
+                    continue;
+                }
+                Step::Join(j) => {
+                    let Some(table) = spec.tables.get(&j.table) else {
+                        return Err(TopologyError::NoTable {
+                            step: i,
+                            table: j.table.clone(),
+                        });
+                    };
+                    let store = table.store_name(&j.table).to_string();
+                    if table.global {
+                        if !globals.iter().any(|g| g.name == j.table) {
+                            globals.push(crate::global::GlobalTable {
+                                name: j.table.clone(),
+                                store: store.clone(),
+                                topic: table.topic.clone(),
+                                key_format: table.key,
+                                value_format: table.value,
+                            });
+                        }
+                    } else if !tables.contains(&j.table.as_str()) {
+                        tables.push(&j.table);
+                    }
+                    let join = steps::join::StreamTableJoin {
+                        store,
+                        global: table.global,
+                        key: match &j.key {
+                            Some(k) => Some(compile(i, k, &steps::VARS)?),
+                            None => None,
+                        },
+                        key_format: table.key,
+                        value_format: table.value,
+                        joiner: compile(i, &j.as_, &steps::JOIN_VARS)?,
+                        left: j.kind == eddy_crds::JoinType::Left,
+                    };
+                    let uses = [join.store.clone()];
+                    cur = cur
+                        .processor(move || Box::new(join.clone()))
+                        .named(format!("join-{i}"), &[&uses[0]]);
+                    vf = Format::Json;
                     continue;
                 }
                 Step::Window(w) => {
@@ -324,6 +469,7 @@ impl Topology {
                             value_format,
                         ))
                     });
+                    cur = cur.named(format!("suppress-{i}"), &[&buffer]);
                     // On disk whatever the aggregation's store: see `eddy_crds::step::stores`.
                     cur = cur.store(StoreDef {
                         name: buffer,
@@ -353,7 +499,7 @@ impl Topology {
                             session,
                         })
                     });
-                    cur = cur.sink(&to.topic);
+                    cur = cur.named(format!("to-{i}"), &[]).sink(&to.topic);
                     continue;
                 }
                 Step::Count(c) => (&c.store, c.in_memory, Format::I64, steps::Fold::Count),
@@ -420,6 +566,7 @@ impl Topology {
                     })
                 }),
             };
+            cur = cur.named(format!("{}-{i}", step.keyword()), &[store]);
             // The store's updates go on to the step after the aggregation.
             let forward_to = Some(cur.processors.len());
             cur = cur.store(StoreDef {
@@ -433,11 +580,40 @@ impl Topology {
             });
             vf = value_format;
         }
-        subs.push(cur);
+        subs.push(with_tables(cur, spec, tables));
         Ok(Topology {
             subtopologies: subs,
+            globals,
         })
     }
+}
+
+/// A sub-topology with the tables its joins look up: each an input whose records the table
+/// source puts into the table's store (Kafka Streams' `KTableSource`).
+fn with_tables(mut sub: SubTopology, spec: &AppSpec, tables: Vec<&str>) -> SubTopology {
+    for name in tables {
+        let Some(t) = spec.tables.get(name) else {
+            continue;
+        };
+        let source = steps::join::TableSource {
+            store: t.store_name(name).to_string(),
+            key_format: t.key,
+        };
+        sub = sub
+            .input(Source {
+                topic: t.topic.clone(),
+                key_format: t.key,
+                value_format: t.value,
+                internal: false,
+            })
+            .processor(move || Box::new(source.clone()))
+            .named(format!("table-{name}"), &[t.store_name(name)])
+            .store(StoreDef::key_value(t.store_name(name), t.key, t.value));
+        if let Some(input) = sub.inputs.last_mut() {
+            input.table = Some(name.to_string());
+        }
+    }
+    sub
 }
 
 #[cfg(test)]
@@ -454,11 +630,11 @@ mod tests {
         let t = Topology::from_spec("pv", &app.spec).expect("compiles");
         assert_eq!(t.subtopologies.len(), 2);
         let (a, b) = (&t.subtopologies[0], &t.subtopologies[1]);
-        assert_eq!(a.source.topic, "page-views");
+        assert_eq!(a.source().topic, "page-views");
         assert_eq!(a.processors.len(), 2);
         assert_eq!(a.sinks[0].topic, "pv-2-repartition");
-        assert_eq!(b.source.topic, "pv-2-repartition");
-        assert_eq!(b.source.key_format, Format::String);
+        assert_eq!(b.source().topic, "pv-2-repartition");
+        assert_eq!(b.source().key_format, Format::String);
         assert_eq!(b.stores[0].name, "views");
         assert_eq!(b.stores[0].forward_to, Some(1));
         assert_eq!(b.sinks[0].topic, "out");
@@ -488,11 +664,12 @@ mod tests {
         )
         .expect("valid");
         let t = Topology::from_spec("x", &app.spec).expect("compiles");
-        let mut filter = (t.subtopologies[0].processors[0])();
+        let mut filter = (t.subtopologies[0].processors[0].supplier)();
         let (mut sink, mut out) = (NoSink, Vec::new());
         let mut ctx = Context {
             stores: &mut [],
             db: None,
+            global: None,
             sink: &mut sink,
             out: &mut out,
         };
@@ -539,7 +716,7 @@ mod tests {
         .expect("valid");
         let t = Topology::from_spec("x", &app.spec).expect("compiles");
         // Sub-topology 0: the event time comes from the value.
-        let mut ts = (t.subtopologies[0].processors[0])();
+        let mut ts = (t.subtopologies[0].processors[0].supplier)();
         let mut sent = Recorder(Vec::new());
         let mut out = Vec::new();
         let r = Record::new(None, Some(Data::raw(br#"{"at": 12345}"#, Format::Json)), 1);
@@ -548,6 +725,7 @@ mod tests {
             &mut Context {
                 stores: &mut [],
                 db: None,
+                global: None,
                 sink: &mut sent,
                 out: &mut out,
             },
@@ -560,6 +738,7 @@ mod tests {
             &mut Context {
                 stores: &mut [],
                 db: None,
+                global: None,
                 sink: &mut sent,
                 out: &mut out,
             },
@@ -578,7 +757,7 @@ mod tests {
             "x-failures-changelog".into(),
             Backend::Memory(MemoryStore::default()),
         );
-        let mut procs: Vec<_> = sub.processors.iter().map(|p| p()).collect();
+        let mut procs: Vec<_> = sub.processors.iter().map(|n| (n.supplier)()).collect();
         let mut counts = Vec::new();
         for (user, at) in [
             ("a", 1_000),
@@ -596,6 +775,7 @@ mod tests {
             let mut ctx = Context {
                 stores: std::slice::from_mut(&mut store),
                 db: None,
+                global: None,
                 sink: &mut sent,
                 out: &mut out,
             };
@@ -618,6 +798,7 @@ mod tests {
                 let mut ctx = Context {
                     stores: &mut [],
                     db: None,
+                    global: None,
                     sink: &mut sent,
                     out: &mut next,
                 };
@@ -625,6 +806,7 @@ mod tests {
                 let mut ctx = Context {
                     stores: &mut [],
                     db: None,
+                    global: None,
                     sink: &mut sent,
                     out: &mut out,
                 };
@@ -710,7 +892,7 @@ mod tests {
         .expect("valid");
         let t = Topology::from_spec("pv", &app.spec).expect("compiles");
         assert_eq!(t.subtopologies[0].sinks[0].topic, "pv-by-user-repartition");
-        assert_eq!(t.subtopologies[1].source.topic, "pv-by-user-repartition");
+        assert_eq!(t.subtopologies[1].source().topic, "pv-by-user-repartition");
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub enum Reason {
     SourceTopicMissing,
     /// An internal topic has the wrong partition count.
     InternalTopicMismatch,
+    /// A table and the stream joining it have different partition counts.
+    NotCopartitioned,
 }
 
 impl Reason {
@@ -42,6 +44,7 @@ impl Reason {
             Reason::StateStoreUnavailable => "StateStoreUnavailable",
             Reason::SourceTopicMissing => "SourceTopicMissing",
             Reason::InternalTopicMismatch => "InternalTopicMismatch",
+            Reason::NotCopartitioned => "NotCopartitioned",
         }
     }
 }

@@ -36,12 +36,13 @@ impl Sink for Recorder {
 
 pub struct Driver {
     pub processors: Vec<Box<dyn Processor>>,
+    next: Vec<Option<usize>>,
+    /// Each input's entry processor and formats.
+    inputs: Vec<(Option<usize>, Format, Format)>,
     pub stores: Vec<StoreState>,
     pub sent: Recorder,
     /// Reasons of records dropped (`ProcessError::Skip`).
     pub dropped: Vec<String>,
-    key_format: Format,
-    value_format: Format,
 }
 
 impl Driver {
@@ -51,7 +52,13 @@ impl Driver {
         let t = Topology::from_spec("test", &app.spec).expect("compiles");
         let sub = &t.subtopologies[sub];
         Self {
-            processors: sub.processors.iter().map(|p| p()).collect(),
+            processors: sub.processors.iter().map(|n| (n.supplier)()).collect(),
+            next: sub.processors.iter().map(|n| n.next).collect(),
+            inputs: sub
+                .inputs
+                .iter()
+                .map(|i| (i.entry, i.source.key_format, i.source.value_format))
+                .collect(),
             stores: sub
                 .stores
                 .iter()
@@ -65,29 +72,38 @@ impl Driver {
                 .collect(),
             sent: Recorder::default(),
             dropped: Vec::new(),
-            key_format: sub.source.key_format,
-            value_format: sub.source.value_format,
         }
     }
 
-    /// Process one input record; flush the cache after it if `flush`.
+    /// Process one record of the source.
     pub fn process(&mut self, key: &str, value: &str, ts: i64) {
-        let r = Record::new(
-            Some(Data::raw(key.as_bytes(), self.key_format)),
-            Some(Data::raw(value.as_bytes(), self.value_format)),
-            ts,
-        );
-        self.run(0, r);
+        self.process_input(0, Some(key), Some(value), ts);
     }
 
-    fn run(&mut self, start: usize, r: Record) {
+    /// Process one record of input `input` (0 the source, then the tables joined); `None`
+    /// is a null key or a tombstone.
+    pub fn process_input(&mut self, input: usize, key: Option<&str>, value: Option<&str>, ts: i64) {
+        let (entry, kf, vf) = self.inputs[input];
+        let r = Record::new(
+            key.map(|k| Data::raw(k.as_bytes(), kf)),
+            value.map(|v| Data::raw(v.as_bytes(), vf)),
+            ts,
+        );
+        self.run(entry, r);
+    }
+
+    fn run(&mut self, start: Option<usize>, r: Record) {
         let mut cur = vec![r];
-        for p in self.processors.iter_mut().skip(start) {
+        let mut at = start;
+        while let Some(i) = at {
+            let p = &mut self.processors[i];
+            at = self.next[i];
             let mut next = Vec::new();
             for r in cur.drain(..) {
                 let mut ctx = Context {
                     stores: &mut self.stores,
                     db: None,
+                    global: None,
                     sink: &mut self.sent,
                     out: &mut next,
                 };
@@ -108,7 +124,7 @@ impl Driver {
                 for d in self.stores[i].take_dirty() {
                     if let Some(f) = self.stores[i].forward_to {
                         let r = self.stores[i].downstream(&d);
-                        self.run(f, r);
+                        self.run(Some(f), r);
                     }
                 }
             }

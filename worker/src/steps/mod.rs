@@ -4,6 +4,7 @@
 
 #[cfg(test)]
 pub(crate) mod driver;
+pub mod join;
 pub mod session;
 pub mod sliding;
 pub mod suppress;
@@ -31,6 +32,8 @@ fn vars(r: &Record) -> Result<[Val; 3], ProcessError> {
 pub const VARS: [&str; 3] = ["key", "ts", "window"];
 /// [`VARS`] and the current aggregate.
 pub const AGG_VARS: [&str; 4] = ["key", "ts", "window", "agg"];
+/// [`VARS`] and the table's value (`join.as`).
+pub const JOIN_VARS: [&str; 4] = ["key", "ts", "window", "right"];
 /// [`AGG_VARS`] and the other session's aggregate (`aggregate.merge`).
 pub const MERGE_VARS: [&str; 5] = ["key", "ts", "window", "agg", "other"];
 

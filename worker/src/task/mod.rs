@@ -16,6 +16,9 @@ use eddy_crds::{OnError, TaskId, topics};
 use prometheus_client::metrics::counter::Counter;
 use std::sync::Arc;
 
+pub mod input;
+pub use input::{Buffered, Position, TaskInput};
+
 pub use eddy_crds::resource::TaskState;
 
 /// The metric label of a state.
@@ -58,17 +61,18 @@ pub enum TaskError {
 
 pub struct Task {
     pub id: TaskId,
-    pub input_topic: String,
-    key_format: eddy_crds::Format,
-    value_format: eddy_crds::Format,
+    /// The partition `id.partition` of the source and of each table joined.
+    pub inputs: Vec<TaskInput>,
     pub state: TaskState,
     processors: Vec<Box<dyn Processor>>,
+    /// Where each processor's output goes ([`SubTopology::next`]).
+    next: Vec<Option<usize>>,
     pub(crate) stores: Vec<StoreState>,
     pub(crate) slots: Vec<Slot>,
     pub(crate) db: Option<TaskDb>,
+    /// The app's global tables, looked up by joins.
+    global: Option<Arc<crate::global::GlobalStores>>,
     pub collector: Collector,
-    /// Next input offset to commit, once something was processed since the last commit.
-    pub next_offset: Option<i64>,
     cache_share: usize,
     on_error: OnError,
     dead_letter_topic: String,
@@ -78,9 +82,7 @@ pub struct Task {
     processed: Counter,
     /// The largest timestamp of the input records processed (Kafka Streams' partition time).
     stream_time: Option<i64>,
-    /// See [`SubTopology::extracts_time`].
-    extracts_time: bool,
-    /// The event time the first processor gave the record being processed.
+    /// The event time the entry processor gave the record being processed.
     extracted: Option<i64>,
     /// Processors that asked for punctuation: index, schedule, and when it is next due.
     punctuators: Vec<(usize, Punctuation, Option<i64>)>,
@@ -167,7 +169,8 @@ impl Task {
                 task: id.to_string(),
             })
             .clone();
-        let processors: Vec<Box<dyn Processor>> = sub.processors.iter().map(|p| p()).collect();
+        let processors: Vec<Box<dyn Processor>> =
+            sub.processors.iter().map(|n| (n.supplier)()).collect();
         let punctuators = processors
             .iter()
             .enumerate()
@@ -175,21 +178,19 @@ impl Task {
             .collect();
         let task = Task {
             stream_time: None,
-            extracts_time: sub.extracts_time,
             extracted: None,
             punctuators,
             punctuated: false,
             id,
-            input_topic: sub.source.topic.clone(),
-            key_format: sub.source.key_format,
-            value_format: sub.source.value_format,
+            inputs: sub.inputs.iter().map(TaskInput::new).collect(),
             state: TaskState::Created,
             processors,
+            next: sub.processors.iter().map(|n| n.next).collect(),
             stores,
             slots,
             db,
+            global: None,
             collector,
-            next_offset: None,
             cache_share,
             on_error: cfg.on_error,
             dead_letter_topic: topics::dead_letter(&cfg.application_id),
@@ -201,6 +202,12 @@ impl Task {
         };
         task.set_state(TaskState::Created);
         Ok(task)
+    }
+
+    /// The app's global tables, for the task's joins to look up.
+    pub fn with_global(mut self, global: Option<Arc<crate::global::GlobalStores>>) -> Self {
+        self.global = global;
+        self
     }
 
     /// Drop what window stores hold past their retention, after a commit.
@@ -232,25 +239,99 @@ impl Task {
     }
 
     pub fn transition(&mut self, state: TaskState) {
+        if state == TaskState::Running {
+            // Inputs are waited for from when the task runs, not from before its restore.
+            let now = std::time::Instant::now();
+            self.inputs.iter_mut().for_each(|i| i.started(now));
+        }
         self.state = state;
         self.set_state(state);
     }
 
-    /// Process one input record; bad records follow `onError`.
-    pub fn process(&mut self, origin: &Origin<'_>, timestamp: i64) -> Result<(), TaskError> {
-        let (kf, vf) = (self.key_format, self.value_format);
+    /// Records of several inputs wait in a buffer to be processed in timestamp order.
+    pub fn buffers(&self) -> bool {
+        self.inputs.len() > 1
+    }
+
+    /// Buffer a record of input `input` (see [`Self::process_buffered`]).
+    pub fn buffer(&mut self, input: usize, origin: &Origin<'_>, timestamp: i64) {
+        if let Some(i) = self.inputs.get_mut(input) {
+            i.push(Buffered {
+                offset: origin.offset,
+                key: origin.key.map(<[u8]>::to_vec),
+                value: origin.value.map(<[u8]>::to_vec),
+                timestamp,
+            });
+        }
+    }
+
+    /// Process buffered records, the smallest timestamp first, until an empty input may
+    /// still have an earlier one ([`input::next_input`]; `position` tells where an input
+    /// stands). The number processed.
+    pub fn process_buffered(
+        &mut self,
+        position: impl Fn(&TaskInput) -> Position,
+    ) -> Result<usize, TaskError> {
+        let mut n = 0;
+        let now = std::time::Instant::now();
+        while let Some(i) = input::next_input(&self.inputs, now, &position) {
+            let Some(r) = self.inputs[i].pop(now) else {
+                break;
+            };
+            let topic = std::mem::take(&mut self.inputs[i].topic);
+            let origin = Origin {
+                topic: &topic,
+                partition: self.id.partition,
+                offset: r.offset,
+                key: r.key.as_deref(),
+                value: r.value.as_deref(),
+            };
+            let result = self.process(i, &origin, r.timestamp);
+            self.inputs[i].topic = topic;
+            result?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The task resumes input `topic` at `offset` (its committed offset).
+    pub fn resume_at(&mut self, topic: &str, offset: i64) {
+        for i in self.inputs.iter_mut().filter(|i| i.topic == topic) {
+            i.fetched = Some(offset);
+        }
+    }
+
+    /// Records buffered and not processed yet.
+    pub fn buffered(&self) -> usize {
+        self.inputs.iter().map(TaskInput::buffered).sum()
+    }
+
+    /// Process one record of input `input`; bad records follow `onError`.
+    pub fn process(
+        &mut self,
+        input: usize,
+        origin: &Origin<'_>,
+        timestamp: i64,
+    ) -> Result<(), TaskError> {
+        let Some(i) = self.inputs.get(input) else {
+            return Ok(());
+        };
+        let (kf, vf, entry, extracts) = (i.key_format, i.value_format, i.entry, i.extracts_time);
         let record = Record::new(
             origin.key.map(|k| Data::raw(k, kf)),
             origin.value.map(|v| Data::raw(v, vf)),
             timestamp,
         );
         self.extracted = None;
-        let result = self.run(0, record);
+        let result = self.run(entry, record, extracts);
         self.handle(result, origin)?;
-        self.next_offset = Some(origin.offset + 1);
+        if let Some(i) = self.inputs.get_mut(input) {
+            i.next_offset = Some(origin.offset + 1);
+            i.fetched = i.fetched.max(Some(origin.offset + 1));
+        }
         self.processed.inc();
         // A record whose event time could not be extracted moves no time.
-        let timestamp = match self.extracts_time {
+        let timestamp = match extracts {
             true => self.extracted,
             false => Some(timestamp),
         };
@@ -275,7 +356,7 @@ impl Task {
     /// Something happened since the last commit: input processed, stores changed, or a
     /// punctuation ran.
     pub fn has_uncommitted(&self) -> bool {
-        self.next_offset.is_some()
+        self.inputs.iter().any(|i| i.next_offset.is_some())
             || self.punctuated
             || self.stores.iter().any(StoreState::has_uncommitted)
     }
@@ -309,6 +390,7 @@ impl Task {
             let mut ctx = Context {
                 stores: &mut self.stores,
                 db: self.db.as_ref(),
+                global: self.global.as_deref(),
                 sink: &mut self.collector,
                 out: &mut out,
             };
@@ -318,7 +400,7 @@ impl Task {
                 if result.is_err() {
                     break;
                 }
-                result = self.run(i + 1, r);
+                result = self.run(self.next[i], r, false);
             }
             result.map_err(|source| TaskError::Process {
                 task: self.id,
@@ -340,27 +422,40 @@ impl Task {
         self.cache_bytes() > self.cache_share.max(1 << 20)
     }
 
-    /// Pass a record through the processors from `start` on.
-    fn run(&mut self, start: usize, record: Record) -> Result<(), ProcessError> {
+    /// Pass a record through the processors from `start` on, along `next`; `extracts`: the
+    /// first one sets the event time (kept in `extracted`).
+    fn run(
+        &mut self,
+        start: Option<usize>,
+        record: Record,
+        extracts: bool,
+    ) -> Result<(), ProcessError> {
         let mut cur = vec![record];
-        for (i, p) in self.processors.iter_mut().enumerate().skip(start) {
+        let mut at = start;
+        let mut first = extracts;
+        while let Some(i) = at {
+            let Some(p) = self.processors.get_mut(i) else {
+                break;
+            };
             let mut next = Vec::new();
             for r in cur.drain(..) {
                 let mut ctx = Context {
                     stores: &mut self.stores,
                     db: self.db.as_ref(),
+                    global: self.global.as_deref(),
                     sink: &mut self.collector,
                     out: &mut next,
                 };
                 p.process(r, &mut ctx)?;
             }
-            if i == 0 && self.extracts_time {
+            if std::mem::take(&mut first) {
                 self.extracted = next.iter().map(|r| r.timestamp).max();
             }
             if next.is_empty() {
                 return Ok(());
             }
             cur = next;
+            at = self.next[i];
         }
         Ok(())
     }
@@ -466,7 +561,7 @@ impl Task {
                             value: d.value.as_deref(),
                         };
                         let record = self.stores[i].downstream(&d);
-                        let result = self.run(f, record);
+                        let result = self.run(Some(f), record, false);
                         self.handle(result, &origin)?;
                     }
                 }
@@ -541,7 +636,9 @@ impl Task {
             task: self.id,
             source,
         })?;
-        self.next_offset = None;
+        for i in &mut self.inputs {
+            i.next_offset = None;
+        }
         self.punctuated = false;
         Ok(())
     }
