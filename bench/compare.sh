@@ -4,12 +4,14 @@
 # one, runs eddy-vs-kstreams with the given arguments and stops the broker.
 #
 #   bench/compare.sh [--records N] [--keys K] [--partitions P] [--out DIR] [--check-only] [--publish]
-#                    [--cases count:at_least_once,sum:exactly_once,...] [--jvm-defaults]
+#                    [--cases count:at_least_once,sum:exactly_once,...|keyed|windowed|joins|all]
+#                    [--engine both|kstreams] [--jvm-defaults]
 #   bench/compare.sh --curve partitions|keys [--points LIST] [--records N] [--keys K | --partitions P]
 #
 # Kafka Streams' JVM runs with -Xmx512m (a 2 GiB container's default heap) and as many stream
 # threads as eddy's processing threads; --jvm-defaults drops the JVM options for contrast.
 # --out defaults to ~/.cache/eddy/bench-results (results.json, results.md, ratios.svg).
+# --engine kstreams (join cases only) runs Kafka Streams alone against the model of its joins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

@@ -4,8 +4,12 @@
 //! peak RSS and restore time, and both engines must end with the same table (same keys, same
 //! value bytes, same output partition per key). Windowed cases (`WINDOWED`, on the windowed
 //! input of `Generate --windowed`): the same figures but the state on disk at the end instead of
-//! a restore, and both outputs compared window by window (`crate::windowed`). Used by the
-//! `eddy-vs-kstreams` binary and by `e2e/tests/compare.rs`.
+//! a restore, and both outputs compared window by window (`crate::windowed`). Join cases
+//! (`JOINS`, on the input of `Generate --joins`): the same figures as the windowed ones, both
+//! outputs compared record by record per key (table-table: final tables) and Kafka Streams'
+//! against a model of its join semantics (`crate::joins`); `Options::kstreams_only` runs only
+//! Kafka Streams and checks it against the model. Used by the `eddy-vs-kstreams` binary and
+//! by `e2e/tests/compare.rs`.
 
 use crate::*;
 use anyhow::{Context as _, Result, bail};
@@ -31,6 +35,18 @@ pub enum Case {
     SessionCount,
     /// Tumbling 10 s windows, 2 s grace, reduce to the largest `.amount`.
     WindowedReduce,
+    /// Orders joined with the customer table (inner: a miss is dropped).
+    StreamTableInner,
+    /// The same, left: a miss is joined with null.
+    StreamTableLeft,
+    /// Orders joined with the global country table by `.country` (inner).
+    GlobalTable,
+    /// Orders left-joined with shipments at most 5 min apart, 1 min grace.
+    StreamStream,
+    /// The same, inner.
+    StreamStreamInner,
+    /// The customer table left-joined with the account table.
+    TableTable,
 }
 
 impl Case {
@@ -44,19 +60,37 @@ impl Case {
             Case::SlidingCount => "sliding-count",
             Case::SessionCount => "session-count",
             Case::WindowedReduce => "windowed-reduce",
+            Case::StreamTableInner => "stream-table-inner",
+            Case::StreamTableLeft => "stream-table-left",
+            Case::GlobalTable => "global-table",
+            Case::StreamStream => "stream-stream",
+            Case::StreamStreamInner => "stream-stream-inner",
+            Case::TableTable => "table-table",
         }
     }
 
     /// A windowed case: reads the windowed input (`Generate --windowed`), writes windowed keys.
     pub fn windowed(self) -> bool {
-        !matches!(self, Case::Count | Case::Sum)
+        self.window().is_some()
+    }
+
+    /// A join case: reads the join input (`Generate --joins`).
+    pub fn join(self) -> bool {
+        JOINS.contains(&self)
     }
 
     /// The window of a windowed case.
     pub fn window(self) -> Option<WindowSpec> {
         use WindowSpec::*;
         Some(match self {
-            Case::Count | Case::Sum => return None,
+            Case::Count
+            | Case::Sum
+            | Case::StreamTableInner
+            | Case::StreamTableLeft
+            | Case::GlobalTable
+            | Case::StreamStream
+            | Case::StreamStreamInner
+            | Case::TableTable => return None,
             Case::TumblingCount | Case::TumblingSuppress | Case::WindowedReduce => Time {
                 size: 10_000,
                 advance: 10_000,
@@ -130,6 +164,16 @@ impl Guarantee {
     }
 }
 
+/// Every join case, in the order they run.
+pub const JOINS: [Case; 6] = [
+    Case::StreamTableInner,
+    Case::StreamTableLeft,
+    Case::GlobalTable,
+    Case::StreamStream,
+    Case::StreamStreamInner,
+    Case::TableTable,
+];
+
 /// Every case × guarantee, in the order they run.
 pub const ALL: [(Case, Guarantee); 4] = [
     (Case::Count, Guarantee::AtLeastOnce),
@@ -146,14 +190,25 @@ pub fn windowed_runs() -> Vec<(Case, Guarantee)> {
         .collect()
 }
 
+/// Every join case × both guarantees.
+pub fn join_runs() -> Vec<(Case, Guarantee)> {
+    JOINS
+        .iter()
+        .flat_map(|&c| GUARANTEES.map(|g| (c, g)))
+        .collect()
+}
+
 pub const GUARANTEES: [Guarantee; 2] = [Guarantee::AtLeastOnce, Guarantee::ExactlyOnce];
 
 /// Parse `count:at_least_once,sum:exactly_once` into runs; `keyed` stands for count and sum
-/// under both guarantees, `windowed` for [`windowed_runs`], `all` for both.
+/// under both guarantees, `windowed` for [`windowed_runs`], `all` for both, `joins` for
+/// [`join_runs`] (not in `all` until eddy runs joins), and a bare case name for that case
+/// under both guarantees.
 pub fn parse_runs(s: &str) -> Result<Vec<(Case, Guarantee)>> {
     let every: Vec<(Case, Guarantee)> = [Case::Count, Case::Sum]
         .iter()
         .chain(WINDOWED.iter())
+        .chain(JOINS.iter())
         .flat_map(|&c| GUARANTEES.map(|g| (c, g)))
         .collect();
     let mut out = Vec::new();
@@ -161,6 +216,10 @@ pub fn parse_runs(s: &str) -> Result<Vec<(Case, Guarantee)>> {
         match item {
             "keyed" => out.extend(ALL),
             "windowed" => out.extend(windowed_runs()),
+            "joins" => out.extend(join_runs()),
+            _ if every.iter().any(|(c, _)| c.name() == item) => out.extend(
+                every.iter().copied().filter(|(c, _)| c.name() == item),
+            ),
             "all" => {
                 out.extend(ALL);
                 out.extend(windowed_runs());
@@ -172,7 +231,7 @@ pub fn parse_runs(s: &str) -> Result<Vec<(Case, Guarantee)>> {
                     .find(|(c, g)| format!("{}:{}", c.name(), g.eddy()) == item)
                     .with_context(|| {
                         format!(
-                            "unknown case '{item}' in --cases; use keyed, windowed, all or a comma-separated list of {}",
+                            "unknown case '{item}' in --cases; use keyed, windowed, all, joins or a comma-separated list of case names or {}",
                             every
                                 .iter()
                                 .map(|(c, g)| format!("{}:{}", c.name(), g.eddy()))
@@ -202,6 +261,8 @@ pub struct Options {
     pub jar: PathBuf,
     /// Options of Kafka Streams' JVM ([`CONTAINER_JVM`] unless `--jvm-defaults`).
     pub jvm_opts: Vec<String>,
+    /// Run only Kafka Streams (join cases: its output is checked against the model).
+    pub kstreams_only: bool,
 }
 
 /// Kafka Streams' JVM by default: the heap a JVM takes by default in a 2 GiB container (a
@@ -284,6 +345,10 @@ pub struct Row {
     pub ks: Measure,
     /// Windowed cases: what the window-by-window comparison found.
     pub windowed: Option<crate::windowed::Checked>,
+    /// Join cases: what the comparison (and the model) found.
+    pub joined: Option<crate::joins::Checked>,
+    /// False when only Kafka Streams ran (`Options::kstreams_only`): no ratios.
+    pub eddy_ran: bool,
 }
 
 impl Row {
@@ -293,6 +358,19 @@ impl Row {
     /// (metric, eddy/KS ratio, target, ratio must be at least the target).
     pub fn ratios(&self) -> Vec<(&'static str, Option<f64>, f64, bool)> {
         let n = self.records;
+        if !self.eddy_ran {
+            return [
+                "throughput",
+                "CPU s/M records",
+                "peak RSS",
+                "restore",
+                "disk",
+            ]
+            .into_iter()
+            .zip([2.0, 0.5, 0.5, 0.5, 1.0])
+            .map(|(m, t)| (m, None, t, m == "throughput"))
+            .collect();
+        }
         let restore = match (self.eddy.restore_seconds, self.ks.restore_seconds) {
             (Some(e), Some(k)) => Some(e / k.max(1e-9)),
             _ => None,
@@ -348,9 +426,10 @@ pub fn kstreams_jar() -> Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
-/// eddy's topology for a case. The windowed ones read event time from `.ts` and keep
-/// windows [`RETENTION_MS`], like the reference app.
-pub fn eddy_yaml(case: Case, g: Guarantee, app: &str, input: &str, output: &str) -> String {
+/// eddy's topology for a keyed or windowed case (joins: `crate::joins::eddy_yaml`). The
+/// windowed ones read event time from `.ts` and keep windows [`RETENTION_MS`], like the
+/// reference app.
+pub fn eddy_yaml(case: Case, g: Guarantee, app: &str, input: &str, output: &str) -> Result<String> {
     let windowed_from =
         format!("  - from: {{topic: {input}, key: string, value: json, timestamp: '.ts'}}\n");
     let steps = match case {
@@ -378,11 +457,15 @@ pub fn eddy_yaml(case: Case, g: Guarantee, app: &str, input: &str, output: &str)
         Case::WindowedReduce => format!(
             "{windowed_from}  - map: '.amount'\n  - window: {{tumbling: 10s, grace: 2s, retention: 1m}}\n  - reduce: {{store: maxes, with: 'if . > $agg then . else $agg end'}}\n  - to: {{topic: {output}, value: json}}\n"
         ),
+        _ => bail!(
+            "{}: a join case's app is crate::joins::eddy_yaml's",
+            case.name()
+        ),
     };
-    format!(
+    Ok(format!(
         "applicationId: {app}\nprocessingGuarantee: {}\ntopology:\n{steps}",
         g.eddy()
-    )
+    ))
 }
 
 /// Records eddy's tasks process: the count topology has one sub-topology; sum's second one
@@ -668,8 +751,15 @@ pub fn run(o: &Options) -> Result<Vec<Row>> {
         "kafka at {bs}; {} records, {} keys, {} partitions",
         o.records, o.keys, o.partitions
     );
-    let keyed = o.runs.iter().any(|(c, _)| !c.windowed());
+    if let Some((c, _)) = o.runs.iter().find(|(c, _)| o.kstreams_only && !c.join()) {
+        bail!(
+            "{}: only the join cases run Kafka Streams alone (checked against the model)",
+            c.name()
+        );
+    }
+    let keyed = o.runs.iter().any(|(c, _)| !c.windowed() && !c.join());
     let windowed = o.runs.iter().any(|(c, _)| c.windowed());
+    let joins = o.runs.iter().any(|(c, _)| c.join());
     let input = if keyed {
         Some(ensure_input(
             o.records,
@@ -680,6 +770,7 @@ pub fn run(o: &Options) -> Result<Vec<Row>> {
     } else {
         None
     };
+    let mut delete: Vec<String> = input.iter().cloned().collect();
     let result = (|| {
         let windowed_input = if windowed {
             let topic = crate::windowed::ensure_windowed_input(
@@ -688,62 +779,104 @@ pub fn run(o: &Options) -> Result<Vec<Row>> {
                 o.partitions,
                 &o.input_prefix,
             )?;
+            delete.push(topic.clone());
             let events = crate::windowed::read_events(&topic)?;
             Some((topic, events))
         } else {
             None
         };
-        let r = run_all(o, &bs, input.as_deref(), windowed_input.as_ref());
-        if let (true, Some((t, _))) = (o.delete_input, &windowed_input) {
-            let _ = delete_topics(&[t]);
-        }
-        r
+        let join_input = if joins {
+            let j =
+                crate::joins::ensure_join_input(&o.jar, o.records, o.partitions, &o.input_prefix)?;
+            delete.extend(topics_with_prefix(&format!("{}-", j.prefix))?);
+            let records = crate::joins::read_input(&j)?;
+            Some((j, records))
+        } else {
+            None
+        };
+        let inputs = Inputs {
+            keyed: input.as_deref(),
+            windowed: windowed_input.as_ref(),
+            joins: join_input.as_ref(),
+        };
+        run_all(o, &bs, &inputs)
     })();
-    if let (true, Some(t)) = (o.delete_input, &input) {
-        let _ = delete_topics(&[t]);
+    if o.delete_input {
+        let refs: Vec<&str> = delete.iter().map(String::as_str).collect();
+        let _ = delete_topics(&refs);
     }
     result
 }
 
-fn run_all(
-    o: &Options,
-    bs: &str,
-    keyed_input: Option<&str>,
-    windowed_input: Option<&(String, Vec<crate::windowed::Event>)>,
-) -> Result<Vec<Row>> {
+/// The inputs a run needs, read once for all its cases.
+struct Inputs<'a> {
+    keyed: Option<&'a str>,
+    windowed: Option<&'a (String, Vec<crate::windowed::Event>)>,
+    joins: Option<&'a (crate::joins::JoinInput, crate::joins::Input)>,
+}
+
+fn run_all(o: &Options, bs: &str, inputs: &Inputs) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &(case, g) in &o.runs {
-        let input = match (case.windowed(), keyed_input, windowed_input) {
-            (false, Some(i), _) => i,
-            (true, _, Some((i, _))) => i.as_str(),
-            _ => bail!("no input for {}", case.name()),
+        // The topic the case reads (a join's left side), its other side and its records.
+        let (input, right, records) = if case.join() {
+            let (j, _) = inputs.joins.context("no join input")?;
+            let (l, r) = crate::joins::sides(case)?;
+            (
+                j.topic(l),
+                Some(j.topic(r)),
+                crate::joins::processed(case, j)?,
+            )
+        } else if case.windowed() {
+            let (i, _) = inputs.windowed.context("no windowed input")?;
+            (i.clone(), None, o.records)
+        } else {
+            let i = inputs.keyed.context("no keyed input")?;
+            (i.to_string(), None, o.records)
         };
         let label = format!("{} {}", case.name(), g.eddy());
         let eddy_app = unique(&format!("cmp-eddy-{}", case.name()));
         let ks_app = unique(&format!("cmp-ks-{}", case.name()));
         let (eddy_out, ks_out) = (format!("{eddy_app}-out"), format!("{ks_app}-out"));
         let res = (|| -> Result<Row> {
-            create_topic(&eddy_out, o.partitions)?;
             create_topic(&ks_out, o.partitions)?;
             // eddy
-            eprintln!("{label}: eddy");
-            let yaml = eddy_yaml(case, g, &eddy_app, input, &eddy_out);
             let edir = tempfile::tempdir()?;
-            let mut eddy = run_eddy(&yaml, edir.path(), eddy_processed(case, o.records))?;
-            eprintln!(
-                "{label}: eddy {:.2} s, {:.0} records/s",
-                eddy.seconds,
-                eddy.rate(o.records)
-            );
+            let yaml = match inputs.joins {
+                Some((j, _)) if case.join() => {
+                    crate::joins::eddy_yaml(case, g, &eddy_app, j, &eddy_out)?
+                }
+                _ => eddy_yaml(case, g, &eddy_app, &input, &eddy_out)?,
+            };
+            let mut eddy = Measure::default();
+            if !o.kstreams_only {
+                create_topic(&eddy_out, o.partitions)?;
+                eprintln!("{label}: eddy");
+                eddy = run_eddy(&yaml, edir.path(), eddy_processed(case, records))?;
+                eprintln!(
+                    "{label}: eddy {:.2} s, {:.0} records/s",
+                    eddy.seconds,
+                    eddy.rate(records)
+                );
+            }
             // Kafka Streams
             eprintln!("{label}: Kafka Streams");
             let kdir = tempfile::tempdir()?;
-            let common = kstreams_args(bs, case, g, input, &ks_app, &ks_out, kdir.path());
+            let common = kstreams_args(
+                bs,
+                case,
+                g,
+                &input,
+                right.as_deref(),
+                &ks_app,
+                &ks_out,
+                kdir.path(),
+            );
             let mut args = common.clone();
-            args.extend(expect_args(case, o.records));
+            args.extend(expect_args(case, records));
             let (seconds, cpu, rss, line) =
                 run_java(&o.jar, &o.jvm_opts, &args, &kdir.path().join("refapp.log"))?;
-            let mut ks = Measure {
+            let ks = Measure {
                 seconds,
                 cpu,
                 rss,
@@ -753,41 +886,54 @@ fn run_all(
             eprintln!(
                 "{label}: Kafka Streams {:.2} s, {:.0} records/s",
                 ks.seconds,
-                ks.rate(o.records)
+                ks.rate(records)
             );
-            if case.windowed() {
-                eddy.disk = Some(disk_usage(&edir.path().join("state")));
-                ks.disk = Some(disk_usage(&kdir.path().join("state").join(&ks_app)));
-                let checked = match windowed_input {
-                    Some((_, events)) if o.verify => {
-                        let c = crate::windowed::compare(case, events, &eddy_out, &ks_out)?;
-                        eprintln!("{label}: {}", c.summary);
-                        Some(c)
-                    }
-                    _ => None,
-                };
-                return Ok(Row {
-                    case,
-                    guarantee: g,
-                    records: o.records,
-                    output_keys: checked.as_ref().map_or(0, |c| c.windows),
-                    eddy,
-                    ks,
-                    windowed: checked,
-                });
+            let mut row = Row {
+                case,
+                guarantee: g,
+                records,
+                output_keys: 0,
+                eddy,
+                ks,
+                windowed: None,
+                joined: None,
+                eddy_ran: !o.kstreams_only,
+            };
+            if case.windowed() || case.join() {
+                if row.eddy_ran {
+                    row.eddy.disk = Some(disk_usage(&edir.path().join("state")));
+                }
+                row.ks.disk = Some(disk_usage(&kdir.path().join("state").join(&ks_app)));
             }
-            let output_keys = if o.verify {
+            if case.join() {
+                if let (Some((_, records)), true) = (inputs.joins, o.verify) {
+                    let eddy_out = row.eddy_ran.then_some(eddy_out.as_str());
+                    let c = crate::joins::compare(case, records, eddy_out, &ks_out)?;
+                    eprintln!("{label}: {}", c.summary);
+                    row.output_keys = c.keys;
+                    row.joined = Some(c);
+                }
+                return Ok(row);
+            }
+            if case.windowed() {
+                if let (Some((_, events)), true) = (inputs.windowed, o.verify) {
+                    let c = crate::windowed::compare(case, events, &eddy_out, &ks_out)?;
+                    eprintln!("{label}: {}", c.summary);
+                    row.output_keys = c.windows;
+                    row.windowed = Some(c);
+                }
+                return Ok(row);
+            }
+            if o.verify {
                 let n = compare_tables(case, o.records, &eddy_out, &ks_out)?;
                 eprintln!("{label}: same final table ({n} keys, same partitions)");
-                n
-            } else {
-                0
-            };
+                row.output_keys = n;
+            }
             if !o.check_only {
                 eprintln!("{label}: restores");
                 let (secs, n) = restore_eddy(&yaml, edir.path())?;
-                eddy.restore_seconds = Some(secs);
-                eddy.restored_records = Some(n);
+                row.eddy.restore_seconds = Some(secs);
+                row.eddy.restored_records = Some(n);
                 std::fs::remove_dir_all(kdir.path().join("state"))?;
                 let mut args = common.clone();
                 args.push("--restore-only".into());
@@ -800,23 +946,15 @@ fn run_all(
                 // Same as eddy's: process start → every task restored and RUNNING (JVM
                 // start included). `to_running_seconds` (KafkaStreams#start → RUNNING) is kept
                 // as `restore_from_start_seconds`.
-                ks.restore_seconds = line["process_to_running_seconds"]
+                row.ks.restore_seconds = line["process_to_running_seconds"]
                     .as_f64()
                     .or(line["to_running_seconds"].as_f64());
-                ks.restore_from_start = line["to_running_seconds"].as_f64();
-                ks.restored_records = line["restored_records"].as_f64();
-                ks.extra["restore"] = line;
-                ks.extra["restore_wall_seconds"] = json!(wall);
+                row.ks.restore_from_start = line["to_running_seconds"].as_f64();
+                row.ks.restored_records = line["restored_records"].as_f64();
+                row.ks.extra["restore"] = line;
+                row.ks.extra["restore_wall_seconds"] = json!(wall);
             }
-            Ok(Row {
-                case,
-                guarantee: g,
-                records: o.records,
-                output_keys,
-                eddy,
-                ks,
-                windowed: None,
-            })
+            Ok(row)
         })();
         let _ = cleanup(&[&eddy_app, &ks_app], &[&eddy_out, &ks_out]);
         rows.push(res.with_context(|| label.clone())?);
@@ -825,16 +963,18 @@ fn run_all(
 }
 
 /// The reference app's arguments for one case, state under `dir/state`.
+#[allow(clippy::too_many_arguments)]
 fn kstreams_args(
     bs: &str,
     case: Case,
     g: Guarantee,
     input: &str,
+    right: Option<&str>,
     app: &str,
     output: &str,
     dir: &Path,
 ) -> Vec<String> {
-    vec![
+    let mut args = vec![
         "--bootstrap".to_string(),
         bs.to_string(),
         "--app-id".into(),
@@ -851,7 +991,11 @@ fn kstreams_args(
         dir.join("state").display().to_string(),
         "--config".into(),
         format!("num.stream.threads={EDDY_PROCESSING_THREADS}"),
-    ]
+    ];
+    if let Some(r) = right {
+        args.extend(["--right".to_string(), r.to_string()]);
+    }
+    args
 }
 
 /// A throughput run: close as soon as every input (and repartitioned) record is processed.
@@ -888,17 +1032,19 @@ pub fn markdown(rows: &[Row], targets: bool) -> String {
                 None => "–".into(),
             }
         };
+        // eddy's figures, or a dash when only Kafka Streams ran.
+        let e = |v: f64, digits: usize| opt(r.eddy_ran.then_some(v), digits);
         s += &format!(
-            "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {:.0} | {} | {} | {:.2} | {} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.case.name(),
             r.guarantee.eddy(),
-            r.eddy.rate(n),
+            e(r.eddy.rate(n), 0),
             r.ks.rate(n),
             mark(0),
-            r.eddy.cpu_per_m(n),
+            e(r.eddy.cpu_per_m(n), 2),
             r.ks.cpu_per_m(n),
             mark(1),
-            r.eddy.rss_mib(),
+            e(r.eddy.rss_mib(), 0),
             r.ks.rss_mib(),
             mark(2),
             opt(r.eddy.restore_seconds, 2),
@@ -945,7 +1091,15 @@ pub fn to_json(o: &Options, rows: &[Row]) -> Value {
                 "windows": c.windows,
                 "dropped_records": c.dropped,
             })),
-            "eddy": m(&r.eddy, r.records),
+            "joins": r.joined.as_ref().map(|c| json!({
+                "output_records": c.outputs,
+                "output_keys": c.keys,
+                "joined": c.joined,
+                "unjoined": c.unjoined,
+                "dropped_records": c.dropped,
+            })),
+            "eddy_ran": r.eddy_ran,
+            "eddy": r.eddy_ran.then(|| m(&r.eddy, r.records)),
             "kafka_streams": m(&r.ks, r.records),
             "ratios": r.ratios().iter().map(|(name, v, t, _)| json!({"metric": name, "eddy_over_kstreams": v, "target": t})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),

@@ -104,6 +104,7 @@ pub fn run(o: &CurveOptions) -> Result<Vec<Point>> {
             verify,
             jar: o.jar.clone(),
             jvm_opts: o.jvm_opts.clone(),
+            kstreams_only: false,
         };
         let result = match compare::run(&opts) {
             Ok(mut rows) => match rows.pop() {

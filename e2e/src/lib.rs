@@ -14,6 +14,8 @@ pub mod compare;
 
 pub mod windowed;
 
+pub mod joins;
+
 pub mod curve;
 
 pub mod report;

@@ -1,6 +1,6 @@
 //! `eddy-vs-kstreams`: eddy against Kafka Streams (`bench/kstreams`) on the same input, for
-//! `count` and `sum` and the windowed cases (`compare::WINDOWED`) under
-//! at-least-once and exactly-once. Prints a markdown table of throughput, CPU seconds per
+//! `count` and `sum`, the windowed cases (`compare::WINDOWED`) and the join cases
+//! (`compare::JOINS`, `--cases joins`) under at-least-once and exactly-once. Prints a markdown table of throughput, CPU seconds per
 //! million records, peak RSS, restore time (keyed cases) and state on disk (windowed cases)
 //! with the ratio eddy/KS, and writes `results.json`, `results.md` and `ratios.svg` to `--out`.
 //! Fails (exit 1) if the two engines' results differ. See docs/benchmarks.md.
@@ -46,11 +46,17 @@ struct Args {
     #[arg(long)]
     jar: Option<PathBuf>,
     /// Cases to run, comma-separated CASE:GUARANTEE (count, sum, tumbling-count,
-    /// tumbling-suppress, hopping-aggregate, sliding-count, session-count, windowed-reduce :
-    /// at_least_once|exactly_once), or `keyed` (count and sum), `windowed` (the six windowed
-    /// cases), `all` [default: all].
+    /// tumbling-suppress, hopping-aggregate, sliding-count, session-count, windowed-reduce,
+    /// stream-table-inner, stream-table-left, global-table, stream-stream, stream-stream-inner,
+    /// table-table : at_least_once|exactly_once) or a bare CASE (both guarantees), or `keyed`
+    /// (count and sum), `windowed` (the six windowed cases), `joins` (the six join cases), `all`
+    /// (keyed and windowed) [default: all].
     #[arg(long, conflicts_with = "curve")]
     cases: Option<String>,
+    /// Which engines run: `both`, or `kstreams` alone (join cases only: Kafka Streams' output
+    /// is checked against the model of its semantics, no eddy, no ratios).
+    #[arg(long, value_enum, default_value = "both", conflicts_with = "curve")]
+    engine: Engine,
     /// Run Kafka Streams' JVM without options (heap up to a quarter of the machine's memory).
     #[arg(long)]
     jvm_defaults: bool,
@@ -65,6 +71,12 @@ struct Args {
     /// into memory).
     #[arg(long, default_value_t = 1_000_000, requires = "curve")]
     verify_max_keys: usize,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Engine {
+    Both,
+    Kstreams,
 }
 
 fn main() {
@@ -117,6 +129,7 @@ fn real_main() -> Result<()> {
         verify: true,
         jar,
         jvm_opts,
+        kstreams_only: args.engine == Engine::Kstreams,
     };
     eprintln!("{}", o.kstreams_settings());
     let rows = run(&o)?;
@@ -124,10 +137,12 @@ fn real_main() -> Result<()> {
     println!("\n{}\n\n{md}", o.kstreams_settings());
     let out = &args.out;
     let header = format!(
-        "{} records over {} keys (windowed cases: {} keys, event time in the value), {} partitions; {}; ratios are eddy / Kafka Streams{}.\n\n",
+        "{} records over {} keys (windowed cases: {} keys, event time in the value; join cases: {} orders over {} customers, records/s counting both sides' records), {} partitions; {}; ratios are eddy / Kafka Streams{}.\n\n",
         o.records,
         o.keys,
         eddy_e2e::windowed::windowed_keys(o.records),
+        o.records,
+        eddy_e2e::joins::join_keys(o.records),
         o.partitions,
         o.kstreams_settings(),
         if check_only {
@@ -152,7 +167,7 @@ fn real_main() -> Result<()> {
         std::fs::copy(out.join("ratios.svg"), docs.join("eddy-vs-kstreams.svg"))?;
         eprintln!("copied to docs/eddy-vs-kstreams.md and docs/eddy-vs-kstreams.svg");
     }
-    if !check_only {
+    if !check_only && !o.kstreams_only {
         let misses: Vec<String> = rows
             .iter()
             .flat_map(|r| {
@@ -199,6 +214,7 @@ fn run_curve(args: &Args, c: Curve, jar: PathBuf, jvm_opts: Vec<String>) -> Resu
         verify: false,
         jar: o.jar.clone(),
         jvm_opts: o.jvm_opts.clone(),
+        kstreams_only: false,
     }
     .kstreams_settings();
     eprintln!("{settings}");

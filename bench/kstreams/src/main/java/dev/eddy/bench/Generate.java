@@ -18,6 +18,7 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.errors.TopicExistsException;
+import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
 import org.apache.kafka.common.serialization.StringSerializer;
 
 /**
@@ -45,12 +46,20 @@ public final class Generate {
         "    --mean-gap-ms/K per record (so a key recurs every ~4 s); 20% of records are up to 1.5 s",
         "    behind (jitter), 1% are 40-54 s behind (late), 1% fall in the middle of a key's recent",
         "    silence of --session-gap-ms to 2x that (bridge two sessions).",
-        "    [--base-ms MS] [--mean-gap-ms MS (4000)] [--session-gap-ms MS (5000)]");
+        "    [--base-ms MS] [--mean-gap-ms MS (4000)] [--session-gap-ms MS (5000)]",
+        "",
+        "  --joins: input of the join cases instead (see README \"Join input\"); TOPIC is a prefix:",
+        "    TOPIC-orders (N orders, key = customer id), TOPIC-customers and TOPIC-accounts (tables with",
+        "    deletes, updated between the orders), TOPIC-shipments (out of order), all with P partitions;",
+        "    TOPIC-countries (global table, --global-partitions G (3)); TOPIC-done (the summary, last).",
+        "    K customers (--keys, default N/10, at least 10); event time = the record timestamps, from",
+        "    --base-ms (default: far enough in the past that every timestamp is).",
+        "    [--global-partitions G (3)] [--base-ms MS]");
 
     private static final Set<String> VALUED = Set.of("--bootstrap", "--topic", "--records", "--keys", "--users",
         "--partitions", "--seed", "--value-bytes", "--replication-factor", "--base-ms", "--mean-gap-ms",
-        "--session-gap-ms");
-    private static final Set<String> SWITCHES = Set.of("--no-create", "--help", "--windowed");
+        "--session-gap-ms", "--global-partitions");
+    private static final Set<String> SWITCHES = Set.of("--no-create", "--help", "--windowed", "--joins");
 
     public static void main(final String[] args) {
         Cli.main(PROG, USAGE, () -> run(new Cli(PROG, args, VALUED, SWITCHES)));
@@ -192,10 +201,129 @@ public final class Generate {
         }
     }
 
+    /** Creates TOPIC with P partitions unless it exists or !create; then its partition count must be P. */
+    private static void prepareTopic(final String bootstrap, final String topic, final int partitions, final short rf,
+                                     final boolean create) throws Exception {
+        final Properties ap = new Properties();
+        ap.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        try (Admin admin = Admin.create(ap)) {
+            if (create) {
+                try {
+                    admin.createTopics(List.of(new NewTopic(topic, partitions, rf))).all().get(60, TimeUnit.SECONDS);
+                    Cli.log(PROG, "created topic " + topic + " with " + partitions + " partitions");
+                } catch (final ExecutionException e) {
+                    if (!(e.getCause() instanceof TopicExistsException)) {
+                        throw e;
+                    }
+                }
+            }
+            // A topic just created may not be known to every broker yet: retry for a while.
+            Map<String, TopicDescription> d = null;
+            for (int attempt = 0; d == null; attempt++) {
+                try {
+                    d = admin.describeTopics(List.of(topic)).allTopicNames().get(60, TimeUnit.SECONDS);
+                } catch (final ExecutionException e) {
+                    if (!(e.getCause() instanceof UnknownTopicOrPartitionException) || attempt >= 100) {
+                        throw e;
+                    }
+                    Thread.sleep(100);
+                }
+            }
+            final int actual = d.get(topic).partitions().size();
+            if (actual != partitions) {
+                throw new IllegalStateException("topic " + topic + " has " + actual + " partitions, not " + partitions);
+            }
+        }
+    }
+
+    /** acks=all and idempotence (the default): every partition gets its records in send order. */
+    private static Properties producerProps(final String bootstrap) {
+        final Properties pp = new Properties();
+        pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        pp.put(ProducerConfig.ACKS_CONFIG, "all");
+        pp.put(ProducerConfig.LINGER_MS_CONFIG, 10);
+        pp.put(ProducerConfig.BATCH_SIZE_CONFIG, 128 * 1024);
+        pp.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "none");
+        pp.put(ProducerConfig.CLIENT_ID_CONFIG, "eddy-bench-generate");
+        return pp;
+    }
+
+    /**
+     * The join cases' input (Joins.Gen): the global table first, then the tables' first rows, then
+     * the orders with the updates and shipments between them, and last the summary in TOPIC-done.
+     * Record timestamps are set explicitly (they are the event time of every join).
+     */
+    private static int runJoins(final Cli cli) throws Exception {
+        final String bootstrap = cli.required("--bootstrap");
+        final String prefix = cli.required("--topic");
+        final long records = cli.getLong("--records", 50_000);
+        final int keys = (int) cli.getLong("--keys", Math.max(10, records / 10));
+        final int partitions = (int) cli.getLong("--partitions", 12);
+        final int globalPartitions = (int) cli.getLong("--global-partitions", 3);
+        final long seed = cli.getLong("--seed", 1);
+        final short rf = (short) cli.getLong("--replication-factor", 1);
+        if (records < 0 || keys < 1 || partitions < 1 || globalPartitions < 1) {
+            throw new Cli.UsageException("--records >= 0, --keys/--partitions/--global-partitions >= 1");
+        }
+        // Every timestamp in the past: brokers refuse records too far in the future
+        // (log.message.timestamp.after.max.ms), and whole minutes keep the input readable.
+        final long now = System.currentTimeMillis();
+        final long base = cli.getLong("--base-ms",
+            (now - Joins.Gen.spanMs(records, keys) - 3_600_000) / 60_000 * 60_000);
+        for (final String[] t : Joins.topics(partitions, globalPartitions)) {
+            prepareTopic(bootstrap, prefix + "-" + t[0], Integer.parseInt(t[1]), rf, !cli.has("--no-create"));
+        }
+        final AtomicReference<Exception> error = new AtomicReference<>();
+        final long[] sent = {0};
+        final Joins.Gen gen = new Joins.Gen(seed, prefix, records, keys, base);
+        final long t0 = System.nanoTime();
+        try (KafkaProducer<String, String> producer =
+                 new KafkaProducer<>(producerProps(bootstrap), new StringSerializer(), new StringSerializer())) {
+            final Joins.Sink sink = (topic, key, value, ts) -> {
+                if (error.get() != null) {
+                    throw new IllegalStateException("produce failed: " + Cli.describe(error.get()), error.get());
+                }
+                sent[0]++;
+                producer.send(new ProducerRecord<>(topic, null, ts, key, value), (md, e) -> {
+                    if (e != null) {
+                        error.compareAndSet(null, e);
+                    }
+                });
+            };
+            // The global table is complete before anything else is written.
+            gen.countries(sink);
+            producer.flush();
+            gen.tables(sink);
+            gen.orders(sink);
+            producer.flush();
+            if (error.get() == null) {
+                // Last: the marker that the input is complete.
+                producer.send(new ProducerRecord<>(prefix + "-" + Joins.DONE, "summary", gen.summary())).get(60, TimeUnit.SECONDS);
+            }
+        }
+        if (error.get() != null) {
+            throw new IllegalStateException("produce failed: " + Cli.describe(error.get()), error.get());
+        }
+        final long nanos = System.nanoTime() - t0;
+        final String s = gen.summary();
+        System.out.println(s.substring(0, s.length() - 1)
+            + ",\"partitions\":" + partitions
+            + ",\"global_partitions\":" + globalPartitions
+            + ",\"seed\":" + seed
+            + ",\"sent\":" + sent[0]
+            + ",\"seconds\":" + Cli.secs(nanos)
+            + ",\"records_per_second\":" + Cli.rate(sent[0], nanos)
+            + "}");
+        return 0;
+    }
+
     private static int run(final Cli cli) throws Exception {
         if (cli.has("--help")) {
             System.out.println(USAGE);
             return 0;
+        }
+        if (cli.has("--joins")) {
+            return runJoins(cli);
         }
         final String bootstrap = cli.required("--bootstrap");
         final String topic = cli.required("--topic");
@@ -210,33 +338,9 @@ public final class Generate {
             throw new Cli.UsageException("--records >= 0, --keys/--users/--partitions >= 1");
         }
 
-        final Properties ap = new Properties();
-        ap.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        try (Admin admin = Admin.create(ap)) {
-            if (!cli.has("--no-create")) {
-                try {
-                    admin.createTopics(List.of(new NewTopic(topic, partitions, rf))).all().get(60, TimeUnit.SECONDS);
-                    Cli.log(PROG, "created topic " + topic + " with " + partitions + " partitions");
-                } catch (final ExecutionException e) {
-                    if (!(e.getCause() instanceof TopicExistsException)) {
-                        throw e;
-                    }
-                }
-            }
-            final Map<String, TopicDescription> d = admin.describeTopics(List.of(topic)).allTopicNames().get(60, TimeUnit.SECONDS);
-            final int actual = d.get(topic).partitions().size();
-            if (actual != partitions) {
-                throw new IllegalStateException("topic " + topic + " has " + actual + " partitions, not --partitions " + partitions);
-            }
-        }
+        prepareTopic(bootstrap, topic, partitions, rf, !cli.has("--no-create"));
 
-        final Properties pp = new Properties();
-        pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
-        pp.put(ProducerConfig.ACKS_CONFIG, "all");
-        pp.put(ProducerConfig.LINGER_MS_CONFIG, 10);
-        pp.put(ProducerConfig.BATCH_SIZE_CONFIG, 128 * 1024);
-        pp.put(ProducerConfig.COMPRESSION_TYPE_CONFIG, "none");
-        pp.put(ProducerConfig.CLIENT_ID_CONFIG, "eddy-bench-generate");
+        final Properties pp = producerProps(bootstrap);
         final AtomicReference<Exception> error = new AtomicReference<>();
         final Gen gen = new Gen(seed, keys, users, valueBytes);
         final boolean windowed = cli.has("--windowed");

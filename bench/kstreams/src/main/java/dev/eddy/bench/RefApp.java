@@ -17,6 +17,8 @@ import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 
+import com.fasterxml.jackson.databind.JsonNode;
+
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.ListConsumerGroupOffsetsSpec;
@@ -42,10 +44,13 @@ import org.apache.kafka.streams.TopologyDescription;
 import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse;
 import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
+import org.apache.kafka.streams.kstream.JoinWindows;
+import org.apache.kafka.streams.kstream.KTable;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
 import org.apache.kafka.streams.kstream.SessionWindows;
 import org.apache.kafka.streams.kstream.SlidingWindows;
+import org.apache.kafka.streams.kstream.StreamJoined;
 import org.apache.kafka.streams.kstream.Suppressed;
 import org.apache.kafka.streams.kstream.TimeWindows;
 import org.apache.kafka.streams.kstream.WindowedSerdes;
@@ -64,7 +69,8 @@ public final class RefApp {
     static final String USAGE = String.join("\n",
         "usage: java -jar refapp.jar --bootstrap HOST:PORT --app-id ID --case CASE",
         "         (count|sum|latest, or windowed: tumbling-count|tumbling-suppress|hopping-aggregate|",
-        "         sliding-count|session-count|windowed-reduce)",
+        "         sliding-count|session-count|windowed-reduce, or joins: stream-table-inner|stream-table-left|",
+        "         global-table|stream-stream|stream-stream-inner|table-table, which also take --right TOPIC)",
         "         --guarantee at_least_once|exactly_once_v2 --input TOPIC --output TOPIC --state-dir DIR",
         "         [--expect N | --restore-only] [--timeout-s S (1800)] [--poll-ms MS (100)]",
         "         [--config KEY=VALUE]... [--dump-metrics] [--close-when-processed] [--print-tasks]",
@@ -80,6 +86,8 @@ public final class RefApp {
         "                   the changelogs, print one JSON line once RUNNING, close",
         "  --keep-state     with --restore-only: keep the local state (restore only the changelogs'",
         "                   tail past its checkpoint)",
+        "  --right TOPIC    joins: the other side (customers, countries, shipments or accounts); with",
+        "                   --expect, N counts the records of --input and --right (but a global table's)",
         "  --config K=V     extra/overriding StreamsConfig entry (e.g. commit.interval.ms=1000)",
         "  --print-tasks    without --expect/--restore-only: print a JSON line on stdout whenever this",
         "                   instance's active or standby tasks change (polled every 50 ms)",
@@ -87,7 +95,7 @@ public final class RefApp {
 
     private static final Set<String> VALUED = Set.of("--bootstrap", "--app-id", "--case", "--guarantee",
         "--input", "--output", "--state-dir", "--expect", "--timeout-s", "--poll-ms", "--config",
-        "--expect-repartitioned");
+        "--expect-repartitioned", "--right");
     private static final Set<String> SWITCHES = Set.of("--restore-only", "--dump-metrics", "--help", "--close-when-processed",
         "--print-tasks", "--keep-state");
 
@@ -122,6 +130,18 @@ public final class RefApp {
         final String guarantee = cli.required("--guarantee");
         final String input = cli.required("--input");
         final String output = cli.required("--output");
+        final boolean join = JOINS.contains(caseName);
+        final String right = join ? cli.required("--right") : null;
+        if (!join && cli.has("--right")) {
+            throw new Cli.UsageException("--right is for the join cases " + JOINS);
+        }
+        // The topics whose records --expect counts: the input and a join's other side, unless it
+        // is a global table (its records are restored, not processed by the stream thread).
+        final Set<String> external = new LinkedHashSet<>();
+        external.add(input);
+        if (join && !caseName.equals("global-table")) {
+            external.add(right);
+        }
         final String stateDir = cli.required("--state-dir");
         final boolean restoreOnly = cli.has("--restore-only");
         final long expect = cli.getLong("--expect", -1);
@@ -144,6 +164,12 @@ public final class RefApp {
         props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
         props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, 1);
         props.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+        if (caseName.startsWith("stream-stream")) {
+            // Unjoined left records are emitted when the window closes, but by default at most once
+            // per second of wall-clock time, which makes their order among the joined results
+            // depend on timing: check on every record instead, so the output is deterministic.
+            props.put(EMIT_INTERVAL, 0L);
+        }
         for (final String kv : cli.all("--config")) {
             final int eq = kv.indexOf('=');
             if (eq <= 0) {
@@ -154,9 +180,9 @@ public final class RefApp {
         final StreamsConfig config = new StreamsConfig(props);
         final boolean streamsProtocol = "streams".equalsIgnoreCase(config.getString(StreamsConfig.GROUP_PROTOCOL_CONFIG));
 
-        final Topology topology = buildTopology(caseName, input, output);
+        final Topology topology = buildTopology(caseName, input, right, output);
         final TopologyDescription description = topology.describe();
-        final List<String> sources = sourceTopics(description, appId, input);
+        final List<String> sources = sourceTopics(description, appId, external);
         log("case=" + caseName + " guarantee=" + guarantee + " app-id=" + appId + " source topics=" + sources
             + " commit.interval.ms=" + config.getLong(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG)
             + " statestore.cache.max.bytes=" + config.getLong(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG)
@@ -197,7 +223,7 @@ public final class RefApp {
         adminProps.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         adminProps.put(AdminClientConfig.CLIENT_ID_CONFIG, appId + "-refapp-watcher");
         try (Admin admin = Admin.create(adminProps)) {
-            prepareTopics(admin, input, output);
+            prepareTopics(admin, input, right, output);
             final long t0 = System.nanoTime();
             final long deadline = t0 + timeoutNanos;
             streams.start();
@@ -226,7 +252,7 @@ public final class RefApp {
                     Thread.sleep(printTasks ? 50 : 500);
                 }
             }
-            return benchmark(admin, appId, input, sources, expect, streamsProtocol, t0, tRunning, deadline, pollMs);
+            return benchmark(admin, appId, external, sources, expect, streamsProtocol, t0, tRunning, deadline, pollMs);
         } finally {
             closeStreams();
         }
@@ -237,10 +263,14 @@ public final class RefApp {
      * default replication factor) if it does not: Kafka Streams never creates sink topics, and
      * against a broker with auto.create.topics.enable=false it would retry the sends forever.
      */
-    private static void prepareTopics(final Admin admin, final String input, final String output) throws Exception {
+    private static void prepareTopics(final Admin admin, final String input, final String right, final String output)
+        throws Exception {
         final Set<String> existing = admin.listTopics().names().get(30, TimeUnit.SECONDS);
         if (!existing.contains(input)) {
             throw new IllegalStateException("input topic " + input + " does not exist");
+        }
+        if (right != null && !existing.contains(right)) {
+            throw new IllegalStateException("--right topic " + right + " does not exist");
         }
         if (!existing.contains(output)) {
             final int partitions = admin.describeTopics(List.of(input)).allTopicNames().get(30, TimeUnit.SECONDS)
@@ -279,9 +309,74 @@ public final class RefApp {
         return Produced.with(WindowedSerdes.timeWindowedSerdeFrom(String.class, sizeMs), Serdes.Long());
     }
 
-    static Topology buildTopology(final String caseName, final String input, final String output) {
+    /** The join cases (input from `Generate --joins`; see README "Join cases"). */
+    static final List<String> JOINS = List.of("stream-table-inner", "stream-table-left", "global-table",
+        "stream-stream", "stream-stream-inner", "table-table");
+
+    /** Kafka Streams' internal setting: how often (wall clock) a left join emits unjoined records. */
+    static final String EMIT_INTERVAL = "__emit.interval.ms.kstreams.outer.join.spurious.results.fix__";
+
+    /** A join's stream side: customer keys, JSON values, event time = the record's timestamp. */
+    private static KStream<String, JsonNode> jsonStream(final StreamsBuilder builder, final String topic) {
+        return builder.stream(topic, Consumed.with(Serdes.String(), Joins.SERDE));
+    }
+
+    /** A table materialized in the store `name` (RocksDB, record cache: Kafka Streams' defaults). */
+    private static KTable<String, JsonNode> jsonTable(final StreamsBuilder builder, final String topic, final String name) {
+        return builder.table(topic, Consumed.with(Serdes.String(), Joins.SERDE),
+            Materialized.<String, JsonNode, KeyValueStore<Bytes, byte[]>>as(name));
+    }
+
+    private static final Produced<String, JsonNode> JSON_OUT = Produced.with(Serdes.String(), Joins.SERDE);
+
+    static Topology buildTopology(final String caseName, final String input, final String right, final String output) {
         final StreamsBuilder builder = new StreamsBuilder();
         switch (caseName) {
+            case "stream-table-inner":
+                // Orders joined with the customer table by key: an order whose customer the table
+                // lacks (never created, or deleted) is dropped.
+                jsonStream(builder, input)
+                    .join(jsonTable(builder, right, "customers"), Joins::orderWithName)
+                    .to(output, JSON_OUT);
+                break;
+            case "stream-table-left":
+                // The same, but a miss is joined with null ("name":null).
+                jsonStream(builder, input)
+                    .leftJoin(jsonTable(builder, right, "customers"), Joins::orderWithName)
+                    .to(output, JSON_OUT);
+                break;
+            case "global-table":
+                // Orders joined with the global country table by `.country`; a miss (or a null
+                // country) is dropped.
+                jsonStream(builder, input)
+                    .join(builder.globalTable(right, Consumed.with(Serdes.String(), Joins.SERDE),
+                            Materialized.<String, JsonNode, KeyValueStore<Bytes, byte[]>>as("countries")),
+                        (key, order) -> Joins.country(order), Joins::orderWithCountry)
+                    .to(output, JSON_OUT);
+                break;
+            case "stream-stream":
+            case "stream-stream-inner": {
+                // Orders joined with the shipments of the same customer at most 5 min apart, 1 min
+                // grace; left: an order no shipment joins is emitted with null once its window closes.
+                final KStream<String, JsonNode> orders = jsonStream(builder, input);
+                final KStream<String, JsonNode> shipments = jsonStream(builder, right);
+                final JoinWindows windows = JoinWindows.ofTimeDifferenceAndGrace(Joins.WITHIN, Joins.GRACE);
+                final StreamJoined<String, JsonNode, JsonNode> joined =
+                    StreamJoined.with(Serdes.String(), Joins.SERDE, Joins.SERDE);
+                (caseName.equals("stream-stream")
+                    ? orders.leftJoin(shipments, Joins::orderWithShipment, windows, joined)
+                    : orders.join(shipments, Joins::orderWithShipment, windows, joined))
+                    .to(output, JSON_OUT);
+                break;
+            }
+            case "table-table":
+                // The customer table left-joined with the account table: an update of either side
+                // emits the joined row; deleting a customer emits a tombstone.
+                jsonTable(builder, input, "customers")
+                    .leftJoin(jsonTable(builder, right, "accounts"), Joins::customerWithBalance)
+                    .toStream()
+                    .to(output, JSON_OUT);
+                break;
             case "count":
                 builder.stream(input, Consumed.with(Serdes.String(), Serdes.String()))
                     .groupByKey()
@@ -379,16 +474,18 @@ public final class RefApp {
                     .to(output, Produced.with(WindowedSerdes.timeWindowedSerdeFrom(String.class, 10_000), Serdes.String()));
                 break;
             default:
-                throw new Cli.UsageException("--case must be count, sum, latest or one of " + WINDOWED + ", got '"
-                    + caseName + "'");
+                throw new Cli.UsageException("--case must be count, sum, latest or one of " + WINDOWED + " or "
+                    + JOINS + ", got '" + caseName + "'");
         }
         return builder.build();
     }
 
-    /** Every topic a source node reads: the input first, then internal (repartition) topics, full names. */
-    static List<String> sourceTopics(final TopologyDescription description, final String appId, final String input) {
-        final Set<String> out = new LinkedHashSet<>();
-        out.add(input);
+    /**
+     * Every topic a source node reads: the external ones (input, a join's other side) first, then
+     * internal (repartition) topics, full names. A global table's topic is not a source here.
+     */
+    static List<String> sourceTopics(final TopologyDescription description, final String appId, final Set<String> external) {
+        final Set<String> out = new LinkedHashSet<>(external);
         final Set<String> internal = new TreeSet<>();
         for (final TopologyDescription.Subtopology st : description.subtopologies()) {
             for (final TopologyDescription.Node node : st.nodes()) {
@@ -398,7 +495,7 @@ public final class RefApp {
                         throw new IllegalStateException("pattern source in topology: " + node);
                     }
                     for (final String t : topics) {
-                        if (!t.equals(input)) {
+                        if (!external.contains(t)) {
                             internal.add(t.startsWith(appId + "-") ? t : appId + "-" + t);
                         }
                     }
@@ -492,7 +589,7 @@ public final class RefApp {
 
     // ------------------------------------------------------------------------------ --expect
 
-    private int benchmark(final Admin admin, final String appId, final String input, final List<String> sources,
+    private int benchmark(final Admin admin, final String appId, final Set<String> external, final List<String> sources,
                           final long expect, final boolean streamsProtocol, final long t0, final long tRunning,
                           final long deadline, final long pollMs) throws Exception {
         log("RUNNING after " + Cli.secs(tRunning - t0) + " s; waiting for " + expect + " records to be committed");
@@ -514,7 +611,7 @@ public final class RefApp {
                 throw new IllegalStateException("timed out: committed " + summarize(committed, sources)
                     + " of end offsets " + summarize(ends, sources));
             }
-            if (tProcessed == 0 && processedAll(input, sources, expect, cli.getLong("--expect-repartitioned", 0))) {
+            if (tProcessed == 0 && processedAll(external, sources, expect, cli.getLong("--expect-repartitioned", 0))) {
                 tProcessed = now;
             }
             if (tProcessed != 0 && cli.has("--close-when-processed")) {
@@ -528,7 +625,7 @@ public final class RefApp {
             boolean all = true;
             for (final TopicPartition tp : tps) {
                 final long end = ends.getOrDefault(tp, 0L);
-                if (tp.topic().equals(input)) {
+                if (external.contains(tp.topic())) {
                     inputEnd += end;
                 }
                 if (committed.getOrDefault(tp, 0L) < end) {
@@ -678,15 +775,14 @@ public final class RefApp {
      * repartition topic was fetched back, and the stream thread processed as many records as were
      * fetched from the source topics.
      */
-    private boolean processedAll(final String input, final List<String> sources, final long expect,
+    private boolean processedAll(final Set<String> external, final List<String> sources, final long expect,
                                  final long expectRepartitioned) {
         double consumed = 0;
+        double consumedExternal = 0;
         for (final String t : sources) {
             final double c = metricSum("consumer-fetch-manager-metrics", "records-consumed-total", "topic", t);
-            if (t.equals(input)) {
-                if (c < expect) {
-                    return false;
-                }
+            if (external.contains(t)) {
+                consumedExternal += c;
             } else if (c < expectRepartitioned
                 || c < metricSum("producer-topic-metrics", "record-send-total", "topic", t)) {
                 // record-send-total counts batches the producer sent, not records still lingering
@@ -694,6 +790,9 @@ public final class RefApp {
                 return false;
             }
             consumed += c;
+        }
+        if (consumedExternal < expect) {
+            return false;
         }
         final double processed = metricSum("stream-thread-metrics", "process-total", null, null);
         return processed >= consumed && consumed > 0;
