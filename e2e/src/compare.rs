@@ -198,6 +198,22 @@ pub fn join_runs() -> Vec<(Case, Guarantee)> {
         .collect()
 }
 
+/// The join cases eddy runs so far: stream-table and global-table joins (stream-stream and
+/// table-table joins are not there yet).
+pub const EDDY_JOINS: [Case; 3] = [
+    Case::StreamTableInner,
+    Case::StreamTableLeft,
+    Case::GlobalTable,
+];
+
+/// [`EDDY_JOINS`] under both guarantees, or the others (`eddy: false`).
+pub fn join_runs_of(eddy: bool) -> Vec<(Case, Guarantee)> {
+    join_runs()
+        .into_iter()
+        .filter(|(c, _)| EDDY_JOINS.contains(c) == eddy)
+        .collect()
+}
+
 pub const GUARANTEES: [Guarantee; 2] = [Guarantee::AtLeastOnce, Guarantee::ExactlyOnce];
 
 /// Parse `count:at_least_once,sum:exactly_once` into runs; `keyed` stands for count and sum
