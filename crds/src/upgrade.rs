@@ -38,7 +38,8 @@ pub enum Change {
     StoreDropped {
         store: String,
         changelog: String,
-        old_step: usize,
+        /// Where the old version defines it: `topology[3]`, or `tables.customers`.
+        defined: String,
         /// Stores only the new version has, which start empty (a renamed store is one).
         new_stores: Vec<String>,
     },
@@ -110,12 +111,17 @@ pub fn compare(old: Version<'_>, new: Version<'_>) -> Vec<Change> {
             })
             .collect()
     };
-    let stores = |names: &[InternalName]| -> Vec<(String, usize, String)> {
+    let stores = |names: &[InternalName]| -> Vec<(String, String, String)> {
         names
             .iter()
             .filter_map(|n| match &n.origin {
                 Origin::Changelog { step, store, .. } => {
-                    Some((store.clone(), *step, n.topic.clone()))
+                    Some((store.clone(), format!("topology[{step}]"), n.topic.clone()))
+                }
+                // A table's store renamed starts empty and its table reads on from the
+                // committed offsets: the table's earlier records are missing from it.
+                Origin::Table { table, store } => {
+                    Some((store.clone(), format!("tables.{table}"), n.topic.clone()))
                 }
                 _ => None,
             })
@@ -164,12 +170,12 @@ pub fn compare(old: Version<'_>, new: Version<'_>) -> Vec<Change> {
         .filter(|(s, ..)| !old_s.iter().any(|(o, ..)| o == s))
         .map(|(s, ..)| s.clone())
         .collect();
-    for (store, old_step, changelog) in &old_s {
+    for (store, defined, changelog) in &old_s {
         if !new_s.iter().any(|(s, ..)| s == store) {
             changes.push(Change::StoreDropped {
                 store: store.clone(),
                 changelog: changelog.clone(),
-                old_step: *old_step,
+                defined: defined.clone(),
                 new_stores: new_stores.clone(),
             });
         }
@@ -267,12 +273,12 @@ impl fmt::Display for Change {
             Change::StoreDropped {
                 store,
                 changelog,
-                old_step,
+                defined,
                 new_stores,
             } => {
                 write!(
                     f,
-                    "store {store} (old topology[{old_step}]) is not in the new version: its state is dropped, and its changelog {changelog} is no longer used."
+                    "store {store} (old {defined}) is not in the new version: its state is dropped, and its changelog {changelog} is no longer used."
                 )?;
                 if !new_stores.is_empty() {
                     write!(
@@ -441,6 +447,27 @@ mod tests {
             })
             .collect();
         assert_eq!(steps, [(1, 2), (3, 4)], "{c:?}");
+    }
+
+    /// A table's store renamed would start empty while its table reads on from the
+    /// committed offsets: check says so.
+    #[test]
+    fn a_renamed_table_store_is_dropped_state() {
+        let app = |store: &str| {
+            crate::parse_app(&format!("tables:\n  c: {{topic: customers, store: {store}}}\ntopology:\n- from: {{topic: orders}}\n- join: {{table: c, as: '.'}}\n"))
+                .expect("valid")
+                .spec
+        };
+        let (old, new) = (app("c1"), app("c2"));
+        let c = changes(&old, &new);
+        assert!(matches!(&c[..], [Change::StoreDropped { .. }]), "{c:?}");
+        assert!(c[0].loses_data());
+        let text = c[0].to_string();
+        assert!(
+            text.contains("store c1 (old tables.c) is not in the new version")
+                && text.contains("The new store(s) c2 start empty"),
+            "{text}"
+        );
     }
 
     #[test]
