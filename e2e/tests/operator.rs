@@ -966,3 +966,95 @@ fn creating_scaling_and_rolling_out_an_app_are_normal_events() -> Result<()> {
     env.delete_apps(ns)?;
     Ok(())
 }
+
+/// A join app under the operator: admitted with its tables, run by a worker pod that reads
+/// the stream and the table's partitions together (orders meet the customer written before
+/// them); one whose table has another partition count is Degraded with `NotCopartitioned`,
+/// and a versioned table, not supported yet, is refused as `InvalidSpec`.
+#[test]
+fn a_join_app_runs_and_one_not_co_partitioned_is_degraded_with_what_to_do() -> Result<()> {
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = &space.name;
+    let customers = space.topic("customers", 2)?;
+    let orders = space.topic("orders", 2)?;
+    let wide = space.topic("orders-wide", 3)?;
+    let output = space.topic("enriched", 1)?;
+    let customer = |c: &str, name: &str, at: i64| {
+        (
+            c.as_bytes().to_vec(),
+            format!(r#"{{"name":"{name}"}}"#).into_bytes(),
+            at,
+        )
+    };
+    produce_at(
+        &customers,
+        &[customer("c1", "Ada", 1_000), customer("c2", "Bea", 1_000)],
+    )?;
+    let order = |id: i64, c: &str| {
+        (
+            c.as_bytes().to_vec(),
+            format!(r#"{{"id":{id}}}"#).into_bytes(),
+            2_000 + id,
+        )
+    };
+    produce_at(&orders, &[order(1, "c1"), order(2, "c2"), order(3, "c3")])?;
+    let app = |name: &str, input: &str, extra: &str| {
+        format!(
+            r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  replicas: 1
+  kafka: {{bootstrapServers: "{bs}"}}
+  commitIntervalMs: 200
+  tables:
+    customers: {{topic: {customers}{extra}}}
+  topology:
+    - from: {{topic: {input}}}
+    - join: {{table: customers, type: left, as: '{{id: .id, name: $right.name}}'}}
+    - to: {{topic: {output}}}
+"#,
+            bs = env.bs
+        )
+    };
+    env.apply(ns, &app("enrich", &orders, ""))?;
+    let names = || -> Result<Vec<String>> {
+        let mut v: Vec<String> = read_all(&output)?
+            .into_iter()
+            .filter_map(|r| r.value)
+            .map(|v| String::from_utf8_lossy(&v).to_string())
+            .collect();
+        v.sort();
+        Ok(v)
+    };
+    wait_until(WAIT, || Ok(names()?.len() >= 3)).with_context(|| env.logs())?;
+    ensure!(
+        names()?
+            == [
+                r#"{"id":1,"name":"Ada"}"#,
+                r#"{"id":2,"name":"Bea"}"#,
+                r#"{"id":3,"name":null}"#
+            ],
+        "{:?}",
+        names()?
+    );
+    env.apply(ns, &app("enrich-wide", &wide, ""))?;
+    env.wait_degraded(ns, "enrich-wide", "NotCopartitioned")?;
+    let message = env.get(
+        ns,
+        "ssapp/enrich-wide",
+        "{.status.conditions[?(@.type==\"Degraded\")].message}",
+    );
+    ensure!(
+        message.contains(&format!("give \"{customers}\" 3 partitions")),
+        "{message}"
+    );
+    env.apply(
+        ns,
+        &app("enrich-versioned", &orders, ", versioned: {history: 1d}"),
+    )?;
+    env.wait_degraded(ns, "enrich-versioned", "InvalidSpec")?;
+    env.delete_apps(ns)?;
+    Ok(())
+}
