@@ -3,7 +3,7 @@
 
 use crate::security::{self, Source};
 use crate::spec::AppSpec;
-use crate::step::Step;
+use crate::step::{JoinStep, Step};
 use crate::{API_VERSION, KIND, topics};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
@@ -222,6 +222,8 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
     check_tables(spec, prefix, &mut stores)?;
     // Sub-topology and step of the first join of each table that is not global.
     let mut joined: HashMap<&str, (usize, usize)> = HashMap::new();
+    // The other streams of stream joins, and the step joining each.
+    let mut streams: HashMap<&str, usize> = HashMap::new();
     let mut subtopology = 0;
     // The key's format where each step sees it.
     let mut key_format = crate::Format::String;
@@ -371,27 +373,10 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                 }
             }
             Step::Join(j) => {
-                let Some(table) = spec.tables.get(&j.table) else {
-                    let defined: Vec<&str> = spec.tables.keys().map(String::as_str).collect();
-                    return Err(invalid(
-                        format!("{field}.join.table"),
-                        match defined.is_empty() {
-                            true => format!(
-                                "no table {:?}: declare it in {prefix}tables, e.g. tables: {{{}: {{topic: <topic>}}}}",
-                                j.table, j.table
-                            ),
-                            false => format!(
-                                "no table {:?} in {prefix}tables (it has {})",
-                                j.table,
-                                defined.join(", ")
-                            ),
-                        },
-                    ));
-                };
                 if windowed {
                     return Err(invalid(
                         format!("{field}.join"),
-                        "the key is windowed here (after a windowed aggregation): a table is looked up by a plain key",
+                        "the key is windowed here (after a windowed aggregation): a join matches plain keys",
                     ));
                 }
                 if j.as_.trim().is_empty() {
@@ -400,13 +385,72 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                         "the jq expression is empty",
                     ));
                 }
+                let table_name = match (&j.table, &j.stream) {
+                    (Some(t), None) => t,
+                    (None, Some(stream)) => {
+                        check_stream_join(
+                            spec,
+                            i,
+                            j,
+                            stream,
+                            key_format,
+                            &mut streams,
+                            &mut stores,
+                        )?;
+                        continue;
+                    }
+                    (t, _) => {
+                        return Err(invalid(
+                            format!("{field}.join"),
+                            format!(
+                                "a join has {} a table (join: {{table: <name>, as: ...}}) or a stream (join: {{stream: {{topic: <topic>}}, within: 5m, as: ...}})",
+                                if t.is_some() { "either" } else { "one of" }
+                            ),
+                        ));
+                    }
+                };
+                for (what, given) in [
+                    ("within", j.within.is_some()),
+                    ("grace", j.grace.is_some()),
+                    ("store", j.store.is_some()),
+                ] {
+                    if given {
+                        return Err(invalid(
+                            format!("{field}.join.{what}"),
+                            format!(
+                                "{what} is for stream joins: a table join has the table's store and no window (remove it)"
+                            ),
+                        ));
+                    }
+                }
+                if j.kind == crate::JoinType::Outer {
+                    return Err(invalid(
+                        format!("{field}.join.type"),
+                        "a stream-table join is inner or left: an outer join needs a stream on both sides",
+                    ));
+                }
+                let Some(table) = spec.tables.get(table_name) else {
+                    let defined: Vec<&str> = spec.tables.keys().map(String::as_str).collect();
+                    return Err(invalid(
+                        format!("{field}.join.table"),
+                        match defined.is_empty() {
+                            true => format!(
+                                "no table {table_name:?}: declare it in {prefix}tables, e.g. tables: {{{table_name}: {{topic: <topic>}}}}"
+                            ),
+                            false => format!(
+                                "no table {table_name:?} in {prefix}tables (it has {})",
+                                defined.join(", ")
+                            ),
+                        },
+                    ));
+                };
                 match (&j.key, table.global) {
                     (Some(_), false) => {
                         return Err(invalid(
                             format!("{field}.join.key"),
                             format!(
                                 "key picks the lookup key of a global table; table {:?} is partitioned like the stream and looked up by the record's key (re-key with groupBy before the join, or make the table global: true)",
-                                j.table
+                                table_name
                             ),
                         ));
                     }
@@ -423,20 +467,21 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                                 format!(
                                     "the key is {} here but table {:?}'s key is {}: a join looks up the key's bytes in the partition they hash to, so both need the same format (set tables.{}.key, or the format of from.key or groupBy)",
                                     format_name(key_format),
-                                    j.table,
+                                    table_name,
                                     format_name(table.key),
-                                    j.table
+                                    table_name
                                 ),
                             ));
                         }
-                        if let Some((sub, j0)) = joined.insert(j.table.as_str(), (subtopology, i))
+                        if let Some((sub, j0)) =
+                            joined.insert(table_name.as_str(), (subtopology, i))
                             && sub != subtopology
                         {
                             return Err(invalid(
                                 format!("{field}.join.table"),
                                 format!(
                                     "table {:?} is joined on both sides of a groupBy (topology[{j0}] and here): its store belongs to the tasks of one sub-topology; join it on one side only, or make it global: true",
-                                    j.table
+                                    table_name
                                 ),
                             ));
                         }
@@ -464,6 +509,83 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
         }
     }
     check_tables_used(spec, prefix)
+}
+
+/// A stream-stream join: its window, the other stream (read by the same tasks, so a topic no
+/// other input of the app reads, with the key format of the joining stream), its stores.
+fn check_stream_join<'a>(
+    spec: &'a AppSpec,
+    step: usize,
+    j: &JoinStep,
+    stream: &'a crate::step::JoinStream,
+    key_format: crate::Format,
+    streams: &mut HashMap<&'a str, usize>,
+    stores: &mut HashSet<String>,
+) -> Result<(), ManifestError> {
+    let field = format!("topology[{step}].join");
+    if j.key.is_some() {
+        return Err(invalid(
+            format!("{field}.key"),
+            "key picks the lookup key of a global table; a stream join matches records by their keys (re-key with groupBy before the join)",
+        ));
+    }
+    if j.within.is_none() {
+        return Err(invalid(
+            format!("{field}.within"),
+            "a stream join needs within: how far apart in event time two records may be and still join, e.g. within: 5m",
+        ));
+    }
+    topics::check_name(&stream.topic).map_err(|m| invalid(format!("{field}.stream.topic"), m))?;
+    for (what, format) in [("key", stream.key), ("value", stream.value)] {
+        not_windowed(format, &format!("{field}.stream.{what}"))?;
+    }
+    if stream
+        .timestamp
+        .as_ref()
+        .is_some_and(|e| e.trim().is_empty())
+    {
+        return Err(invalid(
+            format!("{field}.stream.timestamp"),
+            "the jq expression is empty: remove it to use the records' timestamps",
+        ));
+    }
+    let read_twice = |other: String| {
+        invalid(
+            format!("{field}.stream.topic"),
+            format!(
+                "{:?} is also {other}: a task reads a topic partition once, so a stream joins another topic (to join a stream with itself, copy it to a second topic first)",
+                stream.topic
+            ),
+        )
+    };
+    if let Some(Step::From(from)) = spec.topology.first()
+        && from.topic == stream.topic
+    {
+        return Err(read_twice("the topic of from".into()));
+    }
+    if let Some((name, _)) = spec.tables.iter().find(|(_, t)| t.topic == stream.topic) {
+        return Err(read_twice(format!("the topic of table {name:?}")));
+    }
+    if let Some(other) = streams.insert(&stream.topic, step) {
+        return Err(read_twice(format!("joined at topology[{other}]")));
+    }
+    if stream.key != key_format {
+        return Err(invalid(
+            format!("{field}.stream.key"),
+            format!(
+                "the key is {} here but the stream's key is {}: a join matches the keys' bytes in the partition they hash to, so both need the same format",
+                format_name(key_format),
+                format_name(stream.key)
+            ),
+        ));
+    }
+    for d in crate::step::stores(&spec.topology)
+        .iter()
+        .filter(|d| d.step == step)
+    {
+        check_store(stores, &d.name, &format!("{field}.store"))?;
+    }
+    Ok(())
 }
 
 /// A format as users write it.
@@ -518,7 +640,7 @@ fn check_tables_used(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> 
         if !spec
             .topology
             .iter()
-            .any(|s| matches!(s, Step::Join(j) if j.table == *name))
+            .any(|s| matches!(s, Step::Join(j) if j.table.as_ref() == Some(name)))
         {
             return Err(invalid(
                 format!("{prefix}tables.{name}"),
@@ -882,6 +1004,91 @@ spec:
         }
         // A global table may be looked up by any key, on either side of a groupBy.
         parse_app("tables:\n  c: {topic: c, global: true, key: json}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, key: '.country', as: '.'}\n  - groupBy: '.x'\n  - join: {table: c, as: '.'}\n").expect("valid");
+    }
+
+    #[test]
+    fn stream_joins_are_checked_where_they_are_written() {
+        let ok = "topology:\n  - from: {topic: orders}\n  - join: {stream: {topic: shipments, timestamp: '.at'}, within: 5m, grace: 1m, type: outer, as: '{order: ., shipment: $right}'}\n  - to: {topic: out}\n";
+        let app = parse_app(ok).expect("valid");
+        let Step::Join(j) = &app.spec.topology[1] else {
+            panic!("a join");
+        };
+        assert_eq!(j.retention(), crate::Duration::from_millis(660_000));
+        let s = "topology:\n  - from: {topic: o}\n";
+        let cases = [
+            (
+                format!("{s}  - join: {{stream: {{topic: s}}, as: '.'}}\n"),
+                "topology[1].join.within: a stream join needs within",
+            ),
+            (
+                format!("{s}  - join: {{as: '.'}}\n"),
+                "topology[1].join: a join has one of a table",
+            ),
+            (
+                format!(
+                    "tables:\n  c: {{topic: c}}\n{s}  - join: {{table: c, stream: {{topic: s}}, within: 1m, as: '.'}}\n"
+                ),
+                "a join has either a table",
+            ),
+            (
+                format!(
+                    "tables:\n  c: {{topic: c}}\n{s}  - join: {{table: c, within: 1m, as: '.'}}\n"
+                ),
+                "topology[1].join.within: within is for stream joins",
+            ),
+            (
+                format!(
+                    "tables:\n  c: {{topic: c}}\n{s}  - join: {{table: c, type: outer, as: '.'}}\n"
+                ),
+                "topology[1].join.type: a stream-table join is inner or left",
+            ),
+            (
+                format!("{s}  - join: {{stream: {{topic: o}}, within: 1m, as: '.'}}\n"),
+                "topology[1].join.stream.topic: \"o\" is also the topic of from",
+            ),
+            (
+                format!(
+                    "tables:\n  c: {{topic: s}}\n{s}  - join: {{table: c, as: '.'}}\n  - join: {{stream: {{topic: s}}, within: 1m, as: '.'}}\n"
+                ),
+                "\"s\" is also the topic of table \"c\"",
+            ),
+            (
+                format!(
+                    "{s}  - join: {{stream: {{topic: s}}, within: 1m, as: '.'}}\n  - groupBy: '.x'\n  - join: {{stream: {{topic: s}}, within: 1m, as: '.'}}\n"
+                ),
+                "topology[3].join.stream.topic: \"s\" is also joined at topology[1]",
+            ),
+            (
+                format!("{s}  - join: {{stream: {{topic: s, key: json}}, within: 1m, as: '.'}}\n"),
+                "topology[1].join.stream.key: the key is string here but the stream's key is json",
+            ),
+            (
+                format!("{s}  - join: {{stream: {{topic: s}}, within: 1m, key: '.id', as: '.'}}\n"),
+                "topology[1].join.key: key picks the lookup key of a global table",
+            ),
+            (
+                format!(
+                    "{s}  - join: {{stream: {{topic: s, timestamp: ' '}}, within: 1m, as: '.'}}\n"
+                ),
+                "topology[1].join.stream.timestamp: the jq expression is empty",
+            ),
+            (
+                format!(
+                    "{s}  - join: {{stream: {{topic: s}}, within: 1m, store: j, type: left, as: '.'}}\n  - groupBy: '.x'\n  - count: {{store: j-outer}}\n"
+                ),
+                "topology[3].count.store: store \"j-outer\" is defined twice",
+            ),
+            (
+                format!(
+                    "{s}  - groupBy: '.u'\n  - window: {{tumbling: 1m, grace: 0s}}\n  - count: {{store: n}}\n  - join: {{stream: {{topic: s}}, within: 1m, as: '.'}}\n"
+                ),
+                "topology[4].join: the key is windowed here",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err(&text);
+            assert!(e.contains(want), "{text}\n  gave: {e}\n  want: {want}");
+        }
     }
 
     #[test]

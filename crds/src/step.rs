@@ -43,7 +43,9 @@ pub enum Step {
     /// Re-key by the expression's output; inserts a repartition topic, named after the
     /// step's `name`, or its index when it has none.
     GroupBy(GroupBy),
-    /// Join each record with a table's value for its key (`join: {table, as, type}`).
+    /// Join each record with a table's value for its key (`join: {table, as, type}`), or
+    /// with another stream's records of its key within a time window (`join: {stream,
+    /// within, as, type}`).
     Join(JoinStep),
     /// Make the next aggregation (`count`, `aggregate`, `reduce`) per key and time window.
     Window(WindowStep),
@@ -211,23 +213,78 @@ pub struct AggregateStep {
 /// join (Kafka Streams' `KStream#join`/`leftJoin` with a `KTable` or `GlobalKTable`). Each
 /// record looks up the table by its key (a global table by `key`); the record goes on with
 /// the value `as` gives, its key and timestamp unchanged. Table updates emit nothing.
+///
+/// `join: {stream: {topic: shipments}, within: 5m, grace: 1m, as: ..., type: left}`: a
+/// windowed stream-stream join (Kafka Streams' `KStream#join`/`leftJoin`/`outerJoin` with
+/// `JoinWindows`): records of both streams with the same key at most `within` apart meet,
+/// whichever comes first.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JoinStep {
-    /// A table of `spec.tables`.
-    pub table: String,
+    /// A table of `spec.tables` (or `stream`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
+    /// The other stream of a stream-stream join (or `table`): co-partitioned with this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<JoinStream>,
     /// Global tables only: jq giving the lookup key from the record (`.` the value, `$key`
     /// the key; default the record's key). A record whose lookup key is null is dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// jq: the joined value, with `.` the record's value and `$right` the table's value
-    /// (`null` when a `left` join finds nothing).
+    /// Stream joins (and required there): how far apart in event time, either way, two
+    /// records may be and still join (Kafka Streams' `JoinWindows.ofTimeDifference`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<Duration>,
+    /// Stream joins: how long after its window ends (in stream time) a left or outer join
+    /// waits for a partner before it emits a record unjoined; also how long records are kept
+    /// beyond the window (default 0s: Kafka Streams' `ofTimeDifferenceWithNoGrace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace: Option<Duration>,
+    /// Stream joins: names its stores `<store>-left`, `<store>-right` (each side's records
+    /// within the window) and, for left and outer joins, `<store>-outer` (records waiting
+    /// for a partner). Default `join-<step index>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// jq: the joined value, with `.` the record's value and `$right` the other side's
+    /// (`null` when a `left` or `outer` join finds nothing; in an `outer` join `.` is null
+    /// for a right record nothing joined).
     #[serde(rename = "as")]
     pub as_: String,
-    /// `inner` (default): records whose key the table lacks are dropped; `left`: they go on
-    /// with `$right` null.
+    /// `inner` (default): records nothing joins are dropped; `left`: they go on with
+    /// `$right` null; `outer` (stream joins): so do the other stream's.
     #[serde(default, rename = "type")]
     pub kind: JoinType,
+}
+
+/// The other stream of a stream-stream join.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JoinStream {
+    pub topic: String,
+    #[serde(default = "default_key_format")]
+    pub key: Format,
+    #[serde(default = "default_value_format")]
+    pub value: Format,
+    /// jq: the record's event time in ms since the epoch, from its value (default: the Kafka
+    /// record's timestamp), as `from.timestamp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+}
+
+impl JoinStep {
+    /// A stream join's stores: its name prefix (`store`, default `join-<step>`).
+    pub fn store_prefix(&self, step: usize) -> String {
+        self.store.clone().unwrap_or_else(|| format!("join-{step}"))
+    }
+
+    /// How long a stream join keeps each side's records: the window both ways plus grace
+    /// (Kafka Streams' `JoinWindows.size() + gracePeriodMs()`).
+    pub fn retention(&self) -> Duration {
+        let within = self.within.unwrap_or(Duration::ZERO);
+        within
+            .saturating_add(within)
+            .saturating_add(self.grace.unwrap_or(Duration::ZERO))
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -236,6 +293,7 @@ pub enum JoinType {
     #[default]
     Inner,
     Left,
+    Outer,
 }
 
 /// `suppress: untilWindowCloses` (Kafka Streams' `Suppressed.untilWindowCloses`): one result
@@ -415,10 +473,33 @@ pub struct StoreDecl<'a> {
 
 /// Every store of a topology in step order. A `window` makes the aggregation after it a
 /// window store (a window whose sizes are wrong gives a key-value kind here; validation
-/// refuses it before anything uses the layout).
+/// refuses it before anything uses the layout). A stream join declares a window store per
+/// side and, for left and outer joins, the store of records waiting for a partner.
 pub fn stores(topology: &[Step]) -> Vec<StoreDecl<'_>> {
     let mut out = Vec::new();
     for (i, step) in topology.iter().enumerate() {
+        if let Step::Join(j) = step
+            && j.stream.is_some()
+        {
+            let prefix = j.store_prefix(i);
+            let window = StoreKind::Window {
+                retention: j.retention(),
+            };
+            let outer = (j.kind != JoinType::Inner).then_some(("outer", StoreKind::KeyValue));
+            for (side, kind) in [("left", window), ("right", window)]
+                .into_iter()
+                .chain(outer)
+            {
+                out.push(StoreDecl {
+                    step: i,
+                    keyword: "join",
+                    name: format!("{prefix}-{side}").into(),
+                    in_memory: false,
+                    kind,
+                });
+            }
+            continue;
+        }
         let (name, in_memory) = match step {
             Step::Count(c) => (c.store.as_str().into(), c.in_memory),
             Step::Aggregate(a) => (a.store.as_str().into(), a.in_memory),
@@ -510,11 +591,19 @@ pub(crate) fn schema() -> Value {
             "filter": d(string.clone(), "jq: keep the records for which it is true (`.` is the value, $key the key, $ts the timestamp)."),
             "map": d(string.clone(), "jq: replace the value by each of its outputs."),
             "groupBy": {"x-kubernetes-preserve-unknown-fields": true, "description": "Re-key: a jq expression, or {key: <jq>, format: FORMAT, name: NAME}. The name names the repartition topic <applicationId>-<name>-repartition; without one, the step's index does."},
-            "join": {"type": "object", "description": "Join each record with a table of spec.tables: its value for the record's key (a global table's for `key`).", "required": ["table", "as"], "properties": {
-                "table": d(string.clone(), "A table of spec.tables."),
+            "join": {"type": "object", "description": "Join each record with a table of spec.tables (its value for the record's key; a global table's for `key`), or with the records of another stream of the same key at most `within` apart.", "required": ["as"], "properties": {
+                "table": d(string.clone(), "A table of spec.tables (or stream)."),
+                "stream": {"type": "object", "description": "The other stream of a windowed stream-stream join (or table): co-partitioned with this one.", "required": ["topic"], "properties": {
+                    "topic": d(topic.clone(), "The other stream's topic (it must exist, with as many partitions)."),
+                    "key": d(format.clone(), "Key format (default string): the same as the joining stream's key."),
+                    "value": d(format.clone(), "Value format (default json)."),
+                    "timestamp": d(string.clone(), "jq: the event time in ms since the epoch, from the value (default: the record's timestamp).")}},
                 "key": d(string.clone(), "Global tables only: jq giving the lookup key from the record (default the record's key)."),
-                "as": d(string.clone(), "jq: the joined value, with . the record's value and $right the table's (null when a left join finds nothing)."),
-                "type": d(json!({"type": "string", "enum": ["inner", "left"]}), "inner (default) drops records the table has no value for; left keeps them with $right null.")}},
+                "within": d(duration.clone(), "Stream joins (required there): how far apart in event time two records may be and still join, either way."),
+                "grace": d(duration.clone(), "Stream joins: how long after its window ends a left or outer join waits before emitting a record unjoined (default 0s)."),
+                "store": d(json!({"type": "string", "minLength": 1, "maxLength": 190, "pattern": "^[a-zA-Z0-9._-]+$"}), "Stream joins: prefix of the stores <store>-left, <store>-right and <store>-outer (default join-<step index>)."),
+                "as": d(string.clone(), "jq: the joined value, with . the record's value and $right the other side's (null when a left or outer join finds nothing)."),
+                "type": d(json!({"type": "string", "enum": ["inner", "left", "outer"]}), "inner (default) drops records nothing joins; left keeps them with $right null; outer (stream joins) keeps the other stream's too, with . null.")}},
             "window": {"type": "object", "description": "Make the next count, aggregate or reduce per key and time window: {tumbling: 5m, grace: 30s}, {hopping: 1h, advance: 5m, grace: 0s}, {sliding: 10m, grace: 1m} or {session: 30m, grace: 1m}.", "required": ["grace"], "properties": {
                 "tumbling": d(duration.clone(), "Size of tumbling windows."),
                 "hopping": d(duration.clone(), "Size of hopping windows."),

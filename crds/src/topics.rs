@@ -47,17 +47,35 @@ pub struct SubLayout {
     pub source: String,
     /// True when the source is a repartition topic eddy creates.
     pub internal: bool,
-    /// Topics of the tables the sub-topology joins (not global ones): its tasks read the same
-    /// partition of each as of the source, so all have the same partition count.
-    pub tables: Vec<TableLayout>,
+    /// The other topics the sub-topology's tasks read: the tables it joins (not global ones)
+    /// and the other streams of its stream joins. Its tasks read the same partition of each as
+    /// of the source, so all have the same partition count.
+    pub joined: Vec<JoinedInput>,
     pub stores: Vec<StoreLayout>,
 }
 
-/// A table read by a sub-topology's tasks beside its source.
+/// A topic read by a sub-topology's tasks beside its source: a table or another stream.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TableLayout {
-    pub name: String,
+pub struct JoinedInput {
+    /// What it is, for messages: `table "customers"`, `stream "shipments"`.
+    pub what: String,
     pub topic: String,
+}
+
+impl JoinedInput {
+    pub fn table(name: &str, topic: &str) -> Self {
+        Self {
+            what: format!("table {name:?}"),
+            topic: topic.to_string(),
+        }
+    }
+
+    pub fn stream(topic: &str) -> Self {
+        Self {
+            what: format!("stream {topic:?}"),
+            topic: topic.to_string(),
+        }
+    }
 }
 
 /// A store as its changelog sees it.
@@ -95,7 +113,7 @@ impl StoreLayout {
 /// The sub-topologies of a declarative spec: a `groupBy` at step `i` ends one at its
 /// repartition topic `repartition(app, i, name)` and starts the next one reading it.
 pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
-    use crate::Step;
+    use crate::{JoinStep, Step};
     let decls = crate::step::stores(&spec.topology);
     let mut subs = Vec::new();
     let mut cur: Option<SubLayout> = None;
@@ -105,7 +123,7 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
                 cur = Some(SubLayout {
                     source: f.topic.clone(),
                     internal: false,
-                    tables: Vec::new(),
+                    joined: Vec::new(),
                     stores: Vec::new(),
                 })
             }
@@ -114,33 +132,39 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
                 cur = Some(SubLayout {
                     source: repartition(application_id, i, g.name()),
                     internal: true,
-                    tables: Vec::new(),
+                    joined: Vec::new(),
                     stores: Vec::new(),
                 });
             }
-            Step::Join(j) => {
-                let (Some(t), Some(sub)) = (spec.tables.get(&j.table), cur.as_mut()) else {
+            Step::Join(JoinStep {
+                table: Some(name), ..
+            }) => {
+                let (Some(t), Some(sub)) = (spec.tables.get(name), cur.as_mut()) else {
                     continue;
                 };
-                if t.global || sub.tables.iter().any(|l| l.name == j.table) {
+                let input = JoinedInput::table(name, &t.topic);
+                if t.global || sub.joined.contains(&input) {
                     continue;
                 }
-                sub.tables.push(TableLayout {
-                    name: j.table.clone(),
-                    topic: t.topic.clone(),
-                });
+                sub.joined.push(input);
                 sub.stores.push(StoreLayout {
-                    name: t.store_name(&j.table).to_string(),
+                    name: t.store_name(name).to_string(),
                     kind: crate::StoreKind::KeyValue,
                 });
             }
             _ => {
-                if let Some(d) = decls.iter().find(|d| d.step == i) {
-                    cur.iter_mut().for_each(|s| {
-                        s.stores.push(StoreLayout {
-                            name: d.name.to_string(),
-                            kind: d.kind,
-                        })
+                let Some(sub) = cur.as_mut() else { continue };
+                if let Step::Join(JoinStep {
+                    stream: Some(stream),
+                    ..
+                }) = step
+                {
+                    sub.joined.push(JoinedInput::stream(&stream.topic));
+                }
+                for d in decls.iter().filter(|d| d.step == i) {
+                    sub.stores.push(StoreLayout {
+                        name: d.name.to_string(),
+                        kind: d.kind,
                     });
                 }
             }
@@ -207,23 +231,25 @@ pub struct InternalName {
 /// Every internal topic of an app, in topology order, with the step each comes from: the
 /// names `layout` and `plan` give, without partition counts.
 pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<InternalName> {
-    use crate::Step;
+    use crate::{JoinStep, Step};
     let decls = crate::step::stores(&spec.topology);
     let mut out: Vec<InternalName> = Vec::new();
     for (step, s) in spec.topology.iter().enumerate() {
         let (topic, origin) = match s {
-            Step::Join(j) => match spec.tables.get(&j.table) {
+            Step::Join(JoinStep {
+                table: Some(name), ..
+            }) => match spec.tables.get(name) {
                 Some(t)
                     if !t.global
-                        && !out.iter().any(|n| {
-                            matches!(&n.origin, Origin::Table { table, .. } if *table == j.table)
-                        }) =>
+                        && !out.iter().any(
+                            |n| matches!(&n.origin, Origin::Table { table, .. } if table == name),
+                        ) =>
                 {
-                    let store = t.store_name(&j.table).to_string();
+                    let store = t.store_name(name).to_string();
                     (
                         changelog(application_id, &store),
                         Origin::Table {
-                            table: j.table.clone(),
+                            table: name.clone(),
                             store,
                         },
                     )
@@ -237,17 +263,22 @@ pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<Intern
                     group_by: g.clone(),
                 },
             ),
-            _ => match decls.iter().find(|d| d.step == step) {
-                Some(d) => (
-                    changelog(application_id, &d.name),
-                    Origin::Changelog {
-                        step,
-                        keyword: d.keyword,
-                        store: d.name.to_string(),
-                    },
-                ),
-                None => continue,
-            },
+            _ => {
+                out.extend(
+                    decls
+                        .iter()
+                        .filter(|d| d.step == step)
+                        .map(|d| InternalName {
+                            topic: changelog(application_id, &d.name),
+                            origin: Origin::Changelog {
+                                step,
+                                keyword: d.keyword,
+                                store: d.name.to_string(),
+                            },
+                        }),
+                );
+                continue;
+            }
         };
         out.push(InternalName { topic, origin });
     }
@@ -274,15 +305,15 @@ pub enum PlanError {
     /// A topic the app reads does not exist.
     #[error("source topic {0:?} does not exist: create it, the app starts once it does")]
     Missing(String),
-    /// A table and the stream joining it (or two tables joined by the same tasks) have
-    /// different partition counts.
+    /// A table or stream and the stream joining it (or two inputs joined by the same tasks)
+    /// have different partition counts.
     #[error(
-        "table {table:?} (topic {topic:?}, {table_partitions} partitions) is joined with {other:?} ({other_partitions} partitions): a join reads the same partition of both, so they need the same partition count (co-partitioning, as in Kafka Streams); give {topic:?} {other_partitions} partitions, or repartition the stream with a groupBy before the join"
+        "{what} (topic {topic:?}, {partitions} partitions) is joined with {other:?} ({other_partitions} partitions): a join reads the same partition of both, so they need the same partition count (co-partitioning, as in Kafka Streams); give {topic:?} {other_partitions} partitions, or repartition the stream with a groupBy before the join"
     )]
     NotCopartitioned {
-        table: String,
+        what: String,
         topic: String,
-        table_partitions: i32,
+        partitions: i32,
         other: String,
         other_partitions: i32,
     },
@@ -313,14 +344,14 @@ pub fn plan(
             true => None,
             false => Some((sub.source.clone(), count(&sub.source)?)),
         };
-        for t in &sub.tables {
+        for t in &sub.joined {
             let n = count(&t.topic)?;
             match &fixed {
                 Some((other, m)) if *m != n => {
                     return Err(PlanError::NotCopartitioned {
-                        table: t.name.clone(),
+                        what: t.what.clone(),
                         topic: t.topic.clone(),
-                        table_partitions: n,
+                        partitions: n,
                         other: other.clone(),
                         other_partitions: *m,
                     });
@@ -393,14 +424,8 @@ mod tests {
         )
         .expect("valid");
         let subs = layout("a", &app.spec);
-        assert_eq!(subs[0].tables, []);
-        assert_eq!(
-            subs[1].tables,
-            [TableLayout {
-                name: "c".into(),
-                topic: "customers".into()
-            }]
-        );
+        assert_eq!(subs[0].joined, []);
+        assert_eq!(subs[1].joined, [JoinedInput::table("c", "customers")]);
         assert_eq!(subs[1].stores[0].name, "cs");
         let globals = global_topics(&app.spec);
         assert_eq!(globals, ["countries"]);
@@ -452,15 +477,79 @@ mod tests {
         assert_eq!(
             e,
             PlanError::NotCopartitioned {
-                table: "c".into(),
+                what: "table \"c\"".into(),
                 topic: "customers".into(),
-                table_partitions: 4,
+                partitions: 4,
                 other: "orders".into(),
                 other_partitions: 6
             }
         );
         let m = e.to_string();
         assert!(m.contains("give \"customers\" 6 partitions"), "{m}");
+    }
+
+    #[test]
+    fn a_stream_join_reads_the_other_stream_and_keeps_both_sides_in_window_stores() {
+        let app = crate::parse_app(
+            "topology:\n- from: {topic: orders}\n- groupBy: '.customer'\n- join: {stream: {topic: shipments}, within: 5m, grace: 1m, type: left, as: '.'}\n- to: {topic: out}\n",
+        )
+        .expect("valid");
+        let subs = layout("a", &app.spec);
+        assert_eq!(subs[1].joined, [JoinedInput::stream("shipments")]);
+        let window = crate::StoreKind::Window {
+            retention: crate::Duration::from_millis(660_000),
+        };
+        let stores: Vec<(&str, crate::StoreKind)> = subs[1]
+            .stores
+            .iter()
+            .map(|s| (s.name.as_str(), s.kind))
+            .collect();
+        assert_eq!(
+            stores,
+            [
+                ("join-2-left", window),
+                ("join-2-right", window),
+                ("join-2-outer", crate::StoreKind::KeyValue)
+            ]
+        );
+        // The repartition topic takes the other stream's partitions; a stream of another
+        // count than the source is refused, naming it.
+        let (topics, tasks) = plan("a", &subs, &[], false, |t| match t {
+            "orders" => Some(6),
+            "shipments" => Some(3),
+            _ => None,
+        })
+        .expect("planned");
+        assert_eq!(tasks, [6, 3]);
+        assert!(topics.iter().all(|t| t.partitions == 3), "{topics:?}");
+        let names: Vec<String> = internal_names("a", &app.spec)
+            .iter()
+            .map(|n| format!("{} ({})", n.topic, n.origin))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "a-1-repartition (repartition, topology[1] groupBy)",
+                "a-join-2-left-changelog (changelog of store join-2-left, topology[2] join)",
+                "a-join-2-right-changelog (changelog of store join-2-right, topology[2] join)",
+                "a-join-2-outer-changelog (changelog of store join-2-outer, topology[2] join)",
+            ]
+        );
+        let app = crate::parse_app(
+            "topology:\n- from: {topic: orders}\n- join: {stream: {topic: shipments}, within: 5m, store: j, as: '.'}\n",
+        )
+        .expect("valid");
+        let subs = layout("a", &app.spec);
+        assert_eq!(subs[0].stores.len(), 2, "an inner join holds nothing back");
+        let e = plan("a", &subs, &[], false, |t| {
+            Some(if t == "orders" { 6 } else { 4 })
+        })
+        .expect_err("not co-partitioned")
+        .to_string();
+        assert!(
+            e.starts_with("stream \"shipments\" (topic \"shipments\", 4 partitions) is joined with \"orders\" (6 partitions)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -160,5 +160,19 @@ fn check_draws_joins_as_a_graph_with_their_tables() -> Result<()> {
         ensure!(out.contains(want), "missing {want:?} in\n{out}");
     }
     ensure!(!out.contains("shop-countries-changelog"), "{out}");
+
+    // A stream join: the other stream enters the same join, which keeps both sides' records.
+    let app = "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {name: ship}\nspec:\n  topology:\n    - from: {topic: orders}\n    - join: {stream: {topic: shipments, timestamp: '.at'}, within: 5m, grace: 1m, type: left, as: '{order: ., shipment: $right}'}\n    - to: {topic: shipped}\n";
+    let (code, out, err) = check(dir.path(), app, None, None)?;
+    ensure!(code == 0, "exit {code}\n{out}{err}");
+    for want in [
+        "  source orders\n    --> join-1\n  source shipments (joined stream)\n    --> join-1.stream.timestamp\n",
+        "  processor join-1 (stores: join-1-left, join-1-right, join-1-outer)\n    --> to-2\n",
+        "  processor join-1.stream.timestamp\n    --> join-1\n",
+        "  join window store join-1-left (one side's records by key and time, retention 11m) -> ship-join-1-left-changelog\n",
+        "  join store join-1-outer (records waiting for a partner) -> ship-join-1-outer-changelog\n",
+    ] {
+        ensure!(out.contains(want), "missing {want:?} in\n{out}");
+    }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! End-to-end tests of tables and joins on a real broker: a stream enriched from a table whose
 //! updates and deletes interleave with the stream in time, the table restored from its
-//! changelog, and topics that are not co-partitioned refused with what to do.
+//! changelog, topics that are not co-partitioned refused with what to do, a global table, and
+//! a windowed stream-stream join whose stores come back from their changelogs.
 
 use anyhow::{Context, Result, ensure};
 use eddy_e2e::*;
@@ -445,5 +446,105 @@ fn a_global_table_is_restored_before_processing_and_kept_up_to_date() -> Result<
         w.logs()
     );
     ensure!(w.stop()? == 0);
+    Ok(())
+}
+
+/// Every output record of a stream join as (order, shipment) text, in output order.
+fn pairs(topic: &str) -> Result<Vec<(String, String)>> {
+    read_all(topic)?
+        .into_iter()
+        .map(|r| {
+            let v: Value = serde_json::from_slice(&r.value.context("a joined value")?)?;
+            Ok((v["order"].to_string(), v["shipment"].to_string()))
+        })
+        .collect()
+}
+
+fn at(topic: &str, key: &str, field: &str, id: &str, ts: i64) -> Result<()> {
+    produce_at(
+        topic,
+        &[(
+            key.as_bytes().to_vec(),
+            json!({ field: id }).to_string().into_bytes(),
+            ts,
+        )],
+    )
+}
+
+/// A left stream-stream join keeps what it holds across a wiped disk: both sides' records
+/// within the window and the orders still waiting for a shipment come back from their
+/// changelogs, so a late shipment joins an order from before the restart, and an order
+/// nothing shipped comes out once, unjoined, when stream time passes its window and grace.
+#[test]
+fn a_left_stream_join_keeps_its_window_and_waiting_orders_across_a_wiped_disk() -> Result<()> {
+    let name = unique("shipped");
+    let (orders, shipments, output) = (
+        format!("{name}-orders"),
+        format!("{name}-shipments"),
+        format!("{name}-out"),
+    );
+    let _cleanup = Cleanup(
+        vec![orders.clone(), shipments.clone(), output.clone()],
+        name.clone(),
+    );
+    create_topic(&orders, 2)?;
+    create_topic(&shipments, 2)?;
+    create_topic(&output, 1)?;
+    let yaml = format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  commitIntervalMs: 200
+  processingGuarantee: exactly_once
+  topology:
+    - from: {{topic: {orders}}}
+    - join: {{stream: {{topic: {shipments}}}, within: 10s, grace: 5s, type: left, as: '{{order: .order, shipment: $right.shipment}}'}}
+    - to: {{topic: {output}}}
+"#
+    );
+    let t = 1_700_000_000_000;
+    // a: never shipped; b: shipped within the window; d: shipped only after the restart.
+    at(&orders, "a", "order", "a", t)?;
+    at(&orders, "b", "order", "b", t + 1_000)?;
+    at(&orders, "d", "order", "d", t + 2_000)?;
+    at(&shipments, "b", "shipment", "sb", t + 1_500)?;
+    let dir = tempfile::tempdir()?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    wait_until(DONE, || Ok(!pairs(&output)?.is_empty()))
+        .with_context(|| format!("the joined order b\n{}", w.logs()))?;
+    ensure!(w.stop()? == 0);
+    ensure!(
+        pairs(&output)? == [("\"b\"".to_string(), "\"sb\"".to_string())],
+        "only b joined so far; a and d wait: {:?}",
+        pairs(&output)?
+    );
+
+    std::fs::remove_dir_all(dir.path().join("state"))?;
+    // d's shipment comes within its window; then an order far later moves stream time past
+    // a's window and grace (and d's, which must not come out unjoined: it was joined).
+    at(&shipments, "d", "shipment", "sd", t + 2_500)?;
+    at(&orders, "z", "order", "z", t + 60_000)?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    ensure!(
+        w.metric("eddy_restored_records_total", &[])? > 0.0,
+        "a wiped state dir restores the join's stores from their changelogs"
+    );
+    let want = [("b", "\"sb\""), ("d", "\"sd\""), ("a", "null")]
+        .map(|(o, s)| (format!("\"{o}\""), s.to_string()));
+    wait_until(DONE, || Ok(pairs(&output)?.len() >= want.len()))
+        .with_context(|| format!("{:?}\n{}", pairs(&output), w.logs()))?;
+    ensure!(w.stop()? == 0);
+    let got = pairs(&output)?;
+    let mut sorted = got.clone();
+    sorted.sort();
+    let mut want_sorted = want.to_vec();
+    want_sorted.sort();
+    ensure!(
+        sorted == want_sorted,
+        "each order once: b and d joined, a unjoined; z still waits. got {got:?}"
+    );
     Ok(())
 }

@@ -152,11 +152,11 @@ pub fn plan(
         .map(|s| topics::SubLayout {
             source: s.source().topic.clone(),
             internal: s.source().internal,
-            tables: s.inputs[1..]
+            joined: s.inputs[1..]
                 .iter()
-                .map(|i| topics::TableLayout {
-                    name: i.table.clone().unwrap_or_else(|| i.source.topic.clone()),
-                    topic: i.source.topic.clone(),
+                .map(|i| match &i.table {
+                    Some(t) => topics::JoinedInput::table(t, &i.source.topic),
+                    None => topics::JoinedInput::stream(&i.source.topic),
                 })
                 .collect(),
             stores: s

@@ -136,10 +136,11 @@ fn describe(cfg: &eddy_worker::config::WorkerConfig) -> String {
             s.id,
             s.source().topic
         );
-        for i in &s.inputs {
+        for (n, i) in s.inputs.iter().enumerate() {
             let what = match (&i.table, i.source.internal) {
                 (Some(t), _) => format!(" (table {t})"),
                 (None, true) => " (repartition)".to_string(),
+                (None, false) if n > 0 => " (joined stream)".to_string(),
                 (None, false) => String::new(),
             };
             let _ = writeln!(
@@ -167,7 +168,17 @@ fn describe(cfg: &eddy_worker::config::WorkerConfig) -> String {
                 .forward_to
                 .map(|f| format!(", updates --> {}", names(Some(f), s)))
                 .unwrap_or_default();
+            // A stream join's window stores hold records by timestamp, not windows.
+            let joined = s
+                .processors
+                .iter()
+                .any(|n| n.name.starts_with("join-") && n.stores.contains(&st.name));
             let _ = match &st.window {
+                Some(w) if joined => writeln!(
+                    out,
+                    "  join window store {} (one side's records by key and time, retention {}) -> {changelog}",
+                    st.name, w.retention
+                ),
                 Some(w) => writeln!(
                     out,
                     "  {} store {} ({}, retention {}{fed}) -> {changelog}",
@@ -179,6 +190,11 @@ fn describe(cfg: &eddy_worker::config::WorkerConfig) -> String {
                     st.name,
                     w.windows,
                     w.retention
+                ),
+                None if joined && st.ordered => writeln!(
+                    out,
+                    "  join store {} (records waiting for a partner) -> {changelog}",
+                    st.name
                 ),
                 None if st.name.ends_with("-suppress") && st.ordered => {
                     writeln!(out, "  suppression buffer {} -> {changelog}", st.name)

@@ -97,9 +97,18 @@ pub struct Context<'a> {
     pub(crate) global: Option<&'a crate::global::GlobalStores>,
     pub(crate) sink: &'a mut dyn Sink,
     pub(crate) out: &'a mut Vec<Record>,
+    /// The topic of the input the record being processed was read from.
+    pub(crate) topic: Option<&'a str>,
 }
 
 impl<'a> Context<'a> {
+    /// The topic the record being processed was read from (Kafka Streams'
+    /// `RecordContext#topic`): which input of the task it entered by. None in a punctuation
+    /// and for what a store forwards when its cache flushes.
+    pub fn topic(&self) -> Option<&str> {
+        self.topic
+    }
+
     /// Pass a record to the next processor of the sub-topology.
     pub fn forward(&mut self, record: Record) {
         self.out.push(record);

@@ -348,6 +348,8 @@ impl Topology {
         }
         // The tables the current sub-topology joins: read by its tasks, beside its source.
         let mut tables: Vec<&str> = Vec::new();
+        // The other streams of the current sub-topology's stream joins.
+        let mut streams: Vec<JoinedStream> = Vec::new();
         let mut globals: Vec<crate::global::GlobalTable> = Vec::new();
         // The window the next aggregation is per, and whether keys are windowed results.
         let mut window: Option<WindowDef> = None;
@@ -400,32 +402,109 @@ impl Topology {
                         },
                     );
                     let done = std::mem::replace(&mut cur, next);
-                    subs.push(with_tables(done, spec, std::mem::take(&mut tables)));
+                    subs.push(with_inputs(
+                        done,
+                        spec,
+                        std::mem::take(&mut tables),
+                        std::mem::take(&mut streams),
+                    ));
                     kf = key_format;
                     windowed = false;
                     last_windowed = None;
                     continue;
                 }
                 Step::Join(j) => {
-                    let Some(table) = spec.tables.get(&j.table) else {
+                    if let Some(stream) = &j.stream {
+                        let prefix = j.store_prefix(i);
+                        let kind = j.kind;
+                        let within = j.within.unwrap_or(eddy_crds::Duration::ZERO);
+                        let names = [
+                            format!("{prefix}-left"),
+                            format!("{prefix}-right"),
+                            format!("{prefix}-outer"),
+                        ];
+                        let outer = (kind != eddy_crds::JoinType::Inner).then(|| names[2].clone());
+                        let join = steps::stream_join::StreamStreamJoin::new(
+                            stream.topic.clone(),
+                            [
+                                steps::stream_join::Side {
+                                    store: names[0].clone(),
+                                    value_format: vf,
+                                    outer: outer.is_some(),
+                                },
+                                steps::stream_join::Side {
+                                    store: names[1].clone(),
+                                    value_format: stream.value,
+                                    outer: kind == eddy_crds::JoinType::Outer,
+                                },
+                            ],
+                            outer.clone(),
+                            kf,
+                            within.millis_i64(),
+                            j.grace.unwrap_or_default().millis_i64(),
+                            compile(i, &j.as_, &steps::JOIN_VARS)?,
+                        );
+                        let uses: Vec<&str> = names[..2 + usize::from(outer.is_some())]
+                            .iter()
+                            .map(String::as_str)
+                            .collect();
+                        cur = cur
+                            .processor(move || Box::new(join.clone()))
+                            .named(format!("join-{i}"), &uses);
+                        // The window stores' "windows" are instants: a record's timestamp.
+                        let size = within.max(eddy_crds::Duration::from_millis(1));
+                        for name in &names[..2] {
+                            cur = cur.store(StoreDef::window(
+                                name,
+                                kf,
+                                Format::Bytes,
+                                size,
+                                j.retention(),
+                            ));
+                        }
+                        if let Some(name) = outer {
+                            cur = cur.store(
+                                StoreDef::key_value(&name, Format::Bytes, Format::Bytes).ordered(),
+                            );
+                        }
+                        let timestamp = match &stream.timestamp {
+                            Some(e) => Some(compile(i, e, &steps::VARS)?),
+                            None => None,
+                        };
+                        streams.push(JoinedStream {
+                            step: i,
+                            source: Source {
+                                topic: stream.topic.clone(),
+                                key_format: stream.key,
+                                value_format: stream.value,
+                                internal: false,
+                            },
+                            timestamp,
+                            join: cur.processors.len() - 1,
+                        });
+                        vf = Format::Json;
+                        continue;
+                    }
+                    let Some(table) = j.table.as_ref().and_then(|t| spec.tables.get(t)) else {
                         return Err(TopologyError::NoTable {
                             step: i,
-                            table: j.table.clone(),
+                            table: j.table.clone().unwrap_or_default(),
                         });
                     };
-                    let store = table.store_name(&j.table).to_string();
+                    let name = j.table.as_deref().unwrap_or_default();
+                    let store = table.store_name(name).to_string();
                     if table.global {
-                        if !globals.iter().any(|g| g.name == j.table) {
+                        if !globals.iter().any(|g| g.name == name) {
                             globals.push(crate::global::GlobalTable {
-                                name: j.table.clone(),
+                                name: name.to_string(),
                                 store: store.clone(),
                                 topic: table.topic.clone(),
                                 key_format: table.key,
                                 value_format: table.value,
                             });
                         }
-                    } else if !tables.contains(&j.table.as_str()) {
-                        tables.push(&j.table);
+                    } else if !tables.contains(&name) {
+                        tables.push(name);
                     }
                     let join = steps::join::StreamTableJoin {
                         store,
@@ -580,7 +659,7 @@ impl Topology {
             });
             vf = value_format;
         }
-        subs.push(with_tables(cur, spec, tables));
+        subs.push(with_inputs(cur, spec, tables, streams));
         Ok(Topology {
             subtopologies: subs,
             globals,
@@ -590,7 +669,23 @@ impl Topology {
 
 /// A sub-topology with the tables its joins look up: each an input whose records the table
 /// source puts into the table's store (Kafka Streams' `KTableSource`).
-fn with_tables(mut sub: SubTopology, spec: &AppSpec, tables: Vec<&str>) -> SubTopology {
+/// The other stream of a stream join, read by the tasks of the join's sub-topology.
+struct JoinedStream {
+    step: usize,
+    source: Source,
+    timestamp: Option<Expr>,
+    /// The join processor its records go to (after `timestamp`, if any).
+    join: usize,
+}
+
+/// Add the inputs a sub-topology's tasks read beside its source: the tables it joins, each
+/// into its store, and the other streams of its stream joins, each into its join.
+fn with_inputs(
+    mut sub: SubTopology,
+    spec: &AppSpec,
+    tables: Vec<&str>,
+    streams: Vec<JoinedStream>,
+) -> SubTopology {
     for name in tables {
         let Some(t) = spec.tables.get(name) else {
             continue;
@@ -611,6 +706,27 @@ fn with_tables(mut sub: SubTopology, spec: &AppSpec, tables: Vec<&str>) -> SubTo
             .store(StoreDef::key_value(t.store_name(name), t.key, t.value));
         if let Some(input) = sub.inputs.last_mut() {
             input.table = Some(name.to_string());
+        }
+    }
+    for s in streams {
+        sub = sub.input(s.source);
+        match s.timestamp {
+            Some(e) => {
+                sub = sub
+                    .processor(move || Box::new(steps::Timestamp(e.clone())))
+                    .named(format!("join-{}.stream.timestamp", s.step), &[]);
+                if let Some(n) = sub.processors.last_mut() {
+                    n.next = Some(s.join);
+                }
+                if let Some(input) = sub.inputs.last_mut() {
+                    input.extracts_time = true;
+                }
+            }
+            None => {
+                if let Some(input) = sub.inputs.last_mut() {
+                    input.entry = Some(s.join);
+                }
+            }
         }
     }
     sub
@@ -672,6 +788,7 @@ mod tests {
             global: None,
             sink: &mut sink,
             out: &mut out,
+            topic: None,
         };
         let looping = Record::new(
             None,
@@ -728,6 +845,7 @@ mod tests {
                 global: None,
                 sink: &mut sent,
                 out: &mut out,
+                topic: None,
             },
         )
         .expect("timestamp");
@@ -741,6 +859,7 @@ mod tests {
                 global: None,
                 sink: &mut sent,
                 out: &mut out,
+                topic: None,
             },
         ) {
             Err(ProcessError::BadRecord(m)) => assert!(m.contains("expected milliseconds"), "{m}"),
@@ -778,6 +897,7 @@ mod tests {
                 global: None,
                 sink: &mut sent,
                 out: &mut out,
+                topic: None,
             };
             match procs[0].process(r, &mut ctx) {
                 Ok(()) => {}
@@ -801,6 +921,7 @@ mod tests {
                     global: None,
                     sink: &mut sent,
                     out: &mut next,
+                    topic: None,
                 };
                 procs[1].process(r, &mut ctx).expect("map");
                 let mut ctx = Context {
@@ -809,6 +930,7 @@ mod tests {
                     global: None,
                     sink: &mut sent,
                     out: &mut out,
+                    topic: None,
                 };
                 procs[2].process(next.remove(0), &mut ctx).expect("to");
             }
@@ -862,6 +984,55 @@ mod tests {
         assert_eq!(
             encode_key(Format::String, &n, Format::I64, w, false).expect("string"),
             b"[7@10/20]"
+        );
+    }
+
+    /// The other stream of a stream join is a second input of the joining sub-topology: its
+    /// records reach the join (through its timestamp extractor), which keeps both sides'
+    /// window stores and the store of records waiting for a partner.
+    #[test]
+    fn a_stream_join_reads_the_other_stream_into_the_same_join() {
+        let app = eddy_crds::parse_app(
+            "topology:\n- from: {topic: orders}\n- groupBy: '.customer'\n- join: {stream: {topic: shipments, timestamp: '.at'}, within: 5m, grace: 1m, type: left, as: '.'}\n- to: {topic: out}\n",
+        )
+        .expect("valid");
+        let t = Topology::from_spec("a", &app.spec).expect("compiles");
+        let sub = &t.subtopologies[1];
+        let names: Vec<&str> = sub.processors.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["join-2", "to-3", "join-2.stream.timestamp"]);
+        let inputs: Vec<(&str, Option<usize>, bool)> = sub
+            .inputs
+            .iter()
+            .map(|i| (i.source.topic.as_str(), i.entry, i.extracts_time))
+            .collect();
+        assert_eq!(
+            inputs,
+            [
+                ("a-1-repartition", Some(0), false),
+                ("shipments", Some(2), true)
+            ]
+        );
+        assert_eq!(sub.processors[2].next, Some(0), "extracted, then joined");
+        assert_eq!(
+            sub.processors[0].stores,
+            ["join-2-left", "join-2-right", "join-2-outer"]
+        );
+        let stores: Vec<(&str, bool, bool)> = sub
+            .stores
+            .iter()
+            .map(|s| (s.name.as_str(), s.window.is_some(), s.ordered))
+            .collect();
+        assert_eq!(
+            stores,
+            [
+                ("join-2-left", true, false),
+                ("join-2-right", true, false),
+                ("join-2-outer", false, true)
+            ]
+        );
+        assert_eq!(
+            sub.stores[0].window.map(|w| w.retention),
+            Some(eddy_crds::Duration::from_millis(660_000))
         );
     }
 

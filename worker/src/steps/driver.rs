@@ -37,8 +37,8 @@ impl Sink for Recorder {
 pub struct Driver {
     pub processors: Vec<Box<dyn Processor>>,
     next: Vec<Option<usize>>,
-    /// Each input's entry processor and formats.
-    inputs: Vec<(Option<usize>, Format, Format)>,
+    /// Each input's entry processor, formats and topic.
+    inputs: Vec<(Option<usize>, Format, Format, String)>,
     pub stores: Vec<StoreState>,
     pub sent: Recorder,
     /// Reasons of records dropped (`ProcessError::Skip`).
@@ -57,7 +57,10 @@ impl Driver {
             inputs: sub
                 .inputs
                 .iter()
-                .map(|i| (i.entry, i.source.key_format, i.source.value_format))
+                .map(|i| {
+                    let s = &i.source;
+                    (i.entry, s.key_format, s.value_format, s.topic.clone())
+                })
                 .collect(),
             stores: sub
                 .stores
@@ -83,16 +86,16 @@ impl Driver {
     /// Process one record of input `input` (0 the source, then the tables joined); `None`
     /// is a null key or a tombstone.
     pub fn process_input(&mut self, input: usize, key: Option<&str>, value: Option<&str>, ts: i64) {
-        let (entry, kf, vf) = self.inputs[input];
+        let (entry, kf, vf, topic) = self.inputs[input].clone();
         let r = Record::new(
             key.map(|k| Data::raw(k.as_bytes(), kf)),
             value.map(|v| Data::raw(v.as_bytes(), vf)),
             ts,
         );
-        self.run(entry, r);
+        self.run(entry, r, Some(&topic));
     }
 
-    fn run(&mut self, start: Option<usize>, r: Record) {
+    fn run(&mut self, start: Option<usize>, r: Record, topic: Option<&str>) {
         let mut cur = vec![r];
         let mut at = start;
         while let Some(i) = at {
@@ -106,6 +109,7 @@ impl Driver {
                     global: None,
                     sink: &mut self.sent,
                     out: &mut next,
+                    topic,
                 };
                 match p.process(r, &mut ctx) {
                     Ok(()) => {}
@@ -124,7 +128,7 @@ impl Driver {
                 for d in self.stores[i].take_dirty() {
                     if let Some(f) = self.stores[i].forward_to {
                         let r = self.stores[i].downstream(&d);
-                        self.run(Some(f), r);
+                        self.run(Some(f), r, None);
                     }
                 }
             }

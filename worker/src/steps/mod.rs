@@ -7,6 +7,7 @@ pub(crate) mod driver;
 pub mod join;
 pub mod session;
 pub mod sliding;
+pub mod stream_join;
 pub mod suppress;
 pub mod window;
 

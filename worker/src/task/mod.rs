@@ -323,7 +323,7 @@ impl Task {
             timestamp,
         );
         self.extracted = None;
-        let result = self.run(entry, record, extracts);
+        let result = self.run(entry, record, extracts, Some(origin.topic));
         self.handle(result, origin)?;
         if let Some(i) = self.inputs.get_mut(input) {
             i.next_offset = Some(origin.offset + 1);
@@ -393,6 +393,7 @@ impl Task {
                 global: self.global.as_deref(),
                 sink: &mut self.collector,
                 out: &mut out,
+                topic: None,
             };
             self.punctuated = true;
             let mut result = self.processors[i].punctuate(time, &mut ctx);
@@ -400,7 +401,7 @@ impl Task {
                 if result.is_err() {
                     break;
                 }
-                result = self.run(self.next[i], r, false);
+                result = self.run(self.next[i], r, false, None);
             }
             result.map_err(|source| TaskError::Process {
                 task: self.id,
@@ -423,12 +424,14 @@ impl Task {
     }
 
     /// Pass a record through the processors from `start` on, along `next`; `extracts`: the
-    /// first one sets the event time (kept in `extracted`).
+    /// first one sets the event time (kept in `extracted`); `topic`: the input topic it was
+    /// read from (none for what punctuation or a cache flush forwards).
     fn run(
         &mut self,
         start: Option<usize>,
         record: Record,
         extracts: bool,
+        topic: Option<&str>,
     ) -> Result<(), ProcessError> {
         let mut cur = vec![record];
         let mut at = start;
@@ -445,6 +448,7 @@ impl Task {
                     global: self.global.as_deref(),
                     sink: &mut self.collector,
                     out: &mut next,
+                    topic,
                 };
                 p.process(r, &mut ctx)?;
             }
@@ -561,7 +565,7 @@ impl Task {
                             value: d.value.as_deref(),
                         };
                         let record = self.stores[i].downstream(&d);
-                        let result = self.run(Some(f), record, false);
+                        let result = self.run(Some(f), record, false, None);
                         self.handle(result, &origin)?;
                     }
                 }
