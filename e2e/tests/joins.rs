@@ -10,6 +10,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 const READY: Duration = Duration::from_secs(120);
+
+/// A record time an hour ago: timestamps older than the broker's retention (7 days) would
+/// have their segments deleted under the test (the log start passing the committed offsets).
+fn recent() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    now - 3_600_000
+}
 const DONE: Duration = Duration::from_secs(240);
 
 /// What was produced, in time order: customer updates (odd ms) and orders (even ms).
@@ -167,7 +176,7 @@ fn orders_meet_the_customer_as_of_their_time_and_the_table_survives_a_wiped_disk
     create_topic(&customers, 3)?;
     create_topic(&orders, 3)?;
     create_topic(&output, 1)?;
-    let all = events(3_000, 40, 1_700_000_000_000);
+    let all = events(3_000, 40, recent());
     let (first, rest) = all.split_at(2_000);
     // Everything is in Kafka before the worker starts: only processing in timestamp order
     // across the two topics gives each order the customer of its time.
@@ -237,7 +246,7 @@ fn an_inner_join_drops_orders_without_a_customer() -> Result<()> {
     create_topic(&customers, 2)?;
     create_topic(&orders, 2)?;
     create_topic(&output, 1)?;
-    let all = events(600, 10, 1_700_000_000_000);
+    let all = events(600, 10, recent());
     produce_events(&customers, &orders, &all)?;
     let dir = tempfile::tempdir()?;
     let mut w = Worker::start(
@@ -339,7 +348,7 @@ fn produce_payments(topic: &str, ids: std::ops::Range<i64>, codes: &[&str]) -> R
             (
                 format!("user-{}", id % 7).into_bytes(),
                 json!({"id": id, "country": code}).to_string().into_bytes(),
-                1_700_000_000_000 + id,
+                recent() + id,
             )
         })
         .collect();
@@ -362,11 +371,12 @@ fn a_global_table_is_restored_before_processing_and_kept_up_to_date() -> Result<
     create_topic(&countries, 2)?;
     create_topic(&payments, 3)?;
     create_topic(&output, 1)?;
+    let t = recent() - 60_000;
     let named = |code: &str, name: &str| {
         (
             code.as_bytes().to_vec(),
             json!({"name": name}).to_string().into_bytes(),
-            1_600_000_000_000,
+            t,
         )
     };
     produce_at(
@@ -377,7 +387,7 @@ fn a_global_table_is_restored_before_processing_and_kept_up_to_date() -> Result<
             named("XX", "Nowhere"),
         ],
     )?;
-    produce_tombstones(&countries, &[(b"XX".to_vec(), 1_600_000_000_001)])?;
+    produce_tombstones(&countries, &[(b"XX".to_vec(), t + 1)])?;
     // Payments are there first: they must wait for the table, not miss it.
     produce_payments(&payments, 0..300, &["DE", "FR", "XX", "ZZ"])?;
     let yaml = global_app(&name, &countries, &payments, &output);
@@ -503,7 +513,7 @@ spec:
     - to: {{topic: {output}}}
 "#
     );
-    let t = 1_700_000_000_000;
+    let t = recent();
     // a: never shipped; b: shipped within the window; d: shipped only after the restart.
     at(&orders, "a", "order", "a", t)?;
     at(&orders, "b", "order", "b", t + 1_000)?;

@@ -980,11 +980,16 @@ fn a_join_app_runs_and_one_not_co_partitioned_is_degraded_with_what_to_do() -> R
     let orders = space.topic("orders", 2)?;
     let wide = space.topic("orders-wide", 3)?;
     let output = space.topic("enriched", 1)?;
+    // An hour ago: records older than the broker's retention would be deleted under the test.
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+        - 3_600_000;
     let customer = |c: &str, name: &str, at: i64| {
         (
             c.as_bytes().to_vec(),
             format!(r#"{{"name":"{name}"}}"#).into_bytes(),
-            at,
+            t0 + at,
         )
     };
     produce_at(
@@ -995,7 +1000,7 @@ fn a_join_app_runs_and_one_not_co_partitioned_is_degraded_with_what_to_do() -> R
         (
             c.as_bytes().to_vec(),
             format!(r#"{{"id":{id}}}"#).into_bytes(),
-            2_000 + id,
+            t0 + 2_000 + id,
         )
     };
     produce_at(&orders, &[order(1, "c1"), order(2, "c2"), order(3, "c3")])?;
