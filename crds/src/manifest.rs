@@ -231,6 +231,8 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
     let mut repartitions: HashMap<String, (usize, Option<&str>)> = HashMap::new();
     // True once a windowed aggregation made the key a windowed one.
     let mut windowed = false;
+    // The table the topology reads (`from: {table}`), if it reads one.
+    let mut source_table: Option<&str> = None;
     for (i, step) in spec.topology.iter().enumerate() {
         let field = f(format!("topology[{i}]"));
         let after_window = i > 0 && matches!(spec.topology[i - 1], Step::Window(_));
@@ -238,6 +240,17 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
             Step::From(from) => {
                 if i != 0 {
                     return Err(invalid(field, "`from` may only be the first step"));
+                }
+                if let Some(name) = &from.table {
+                    key_format = check_table_source(spec, &field, from, name)?;
+                    source_table = Some(name.as_str());
+                    continue;
+                }
+                if from.topic.is_empty() {
+                    return Err(invalid(
+                        format!("{field}.from"),
+                        "give the topic to read (from: {topic: <topic>}) or a table of tables (from: {table: <name>})",
+                    ));
                 }
                 topics::check_name(&from.topic)
                     .map_err(|m| invalid(format!("{field}.from.topic"), m))?;
@@ -269,6 +282,15 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                 return Err(invalid(
                     field,
                     "the first step must be `from: {topic: ...}`",
+                ));
+            }
+            _ if source_table.is_some() && !matches!(step, Step::To(_) | Step::Join(_)) => {
+                return Err(invalid(
+                    format!("{field}.{}", step.keyword()),
+                    format!(
+                        "after a table source (from: {{table: ...}}) a topology joins tables and writes the result (join: {{table: ...}}, to): {} on a table is not supported yet",
+                        step.keyword()
+                    ),
                 ));
             }
             Step::To(to) => {
@@ -387,6 +409,12 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                 }
                 let table_name = match (&j.table, &j.stream) {
                     (Some(t), None) => t,
+                    (None, Some(_)) if source_table.is_some() => {
+                        return Err(invalid(
+                            format!("{field}.join.stream"),
+                            "a table joins tables: to join a stream with a table, read the stream (from: {topic: ...}) and join the table",
+                        ));
+                    }
                     (None, Some(stream)) => {
                         check_stream_join(
                             spec,
@@ -409,6 +437,14 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                         ));
                     }
                 };
+                if let Some(left) = source_table {
+                    check_table_join(spec, &field, j, left, table_name, &mut stores)?;
+                } else if j.materialize.is_some() {
+                    return Err(invalid(
+                        format!("{field}.join.materialize"),
+                        "materialize keeps a table-table join's result: a stream-table join's result is a stream (write it with to, or aggregate it)",
+                    ));
+                }
                 for (what, given) in [
                     ("within", j.within.is_some()),
                     ("grace", j.grace.is_some()),
@@ -423,10 +459,10 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                         ));
                     }
                 }
-                if j.kind == crate::JoinType::Outer {
+                if j.kind == crate::JoinType::Outer && source_table.is_none() {
                     return Err(invalid(
                         format!("{field}.join.type"),
-                        "a stream-table join is inner or left: an outer join needs a stream on both sides",
+                        "a stream-table join is inner or left: an outer join needs a stream or a table on both sides",
                     ));
                 }
                 let Some(table) = spec.tables.get(table_name) else {
@@ -509,6 +545,85 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
         }
     }
     check_tables_used(spec, prefix)
+}
+
+/// `from: {table}`: a partitioned table of `spec.tables`, read with its own formats and the
+/// record timestamps. Gives the key's format.
+fn check_table_source(
+    spec: &AppSpec,
+    field: &str,
+    from: &crate::step::FromStep,
+    name: &str,
+) -> Result<crate::Format, ManifestError> {
+    if !from.topic.is_empty() {
+        return Err(invalid(
+            format!("{field}.from"),
+            "read a topic or a table, not both: remove topic (the table names its topic)",
+        ));
+    }
+    if from.timestamp.is_some() {
+        return Err(invalid(
+            format!("{field}.from.timestamp"),
+            "a table's updates keep their records' timestamps: remove timestamp",
+        ));
+    }
+    let Some(table) = spec.tables.get(name) else {
+        return Err(invalid(
+            format!("{field}.from.table"),
+            format!(
+                "no table {name:?}: declare it in tables, e.g. tables: {{{name}: {{topic: <topic>}}}}"
+            ),
+        ));
+    };
+    if table.global {
+        return Err(invalid(
+            format!("{field}.from.table"),
+            format!(
+                "table {name:?} is global: a topology reads a partitioned table (remove global: true), as Kafka Streams joins a GlobalKTable only from a stream"
+            ),
+        ));
+    }
+    Ok(table.key)
+}
+
+/// A table-table join: another partitioned table, a `materialize` store, one such join.
+fn check_table_join(
+    spec: &AppSpec,
+    field: &str,
+    j: &JoinStep,
+    left: &str,
+    right: &str,
+    stores: &mut HashSet<String>,
+) -> Result<(), ManifestError> {
+    if right == left {
+        return Err(invalid(
+            format!("{field}.join.table"),
+            format!("table {left:?} is the source: a table-table join joins two tables"),
+        ));
+    }
+    if spec.tables.get(right).is_some_and(|t| t.global) {
+        return Err(invalid(
+            format!("{field}.join.table"),
+            format!(
+                "table {right:?} is global: a table-table join needs a table partitioned like {left:?} (remove global: true)"
+            ),
+        ));
+    }
+    let joins = spec
+        .topology
+        .iter()
+        .filter(|s| matches!(s, Step::Join(_)))
+        .count();
+    if joins > 1 {
+        return Err(invalid(
+            format!("{field}.join"),
+            "one table-table join per topology for now: join the tables two at a time in separate apps",
+        ));
+    }
+    if let Some(m) = &j.materialize {
+        check_store(stores, &m.store, &format!("{field}.join.materialize.store"))?;
+    }
+    Ok(())
 }
 
 /// A stream-stream join: its window, the other stream (read by the same tasks, so a topic no
@@ -637,11 +752,11 @@ fn check_tables(
 /// Every table of `spec.tables` is joined somewhere: one nothing reads is a mistake.
 fn check_tables_used(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
     for name in spec.tables.keys() {
-        if !spec
-            .topology
-            .iter()
-            .any(|s| matches!(s, Step::Join(j) if j.table.as_ref() == Some(name)))
-        {
+        if !spec.topology.iter().any(|s| match s {
+            Step::Join(j) => j.table.as_ref() == Some(name),
+            Step::From(f) => f.table.as_ref() == Some(name),
+            _ => false,
+        }) {
             return Err(invalid(
                 format!("{prefix}tables.{name}"),
                 "no step uses this table: join it (join: {table: ..., as: ...}) or remove it",
@@ -1004,6 +1119,88 @@ spec:
         }
         // A global table may be looked up by any key, on either side of a groupBy.
         parse_app("tables:\n  c: {topic: c, global: true, key: json}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, key: '.country', as: '.'}\n  - groupBy: '.x'\n  - join: {table: c, as: '.'}\n").expect("valid");
+    }
+
+    #[test]
+    fn table_sources_and_table_joins_are_checked_where_they_are_written() {
+        let t = "tables:\n  c: {topic: c}\n  a: {topic: a}\n  g: {topic: g, global: true}\n";
+        let ok = "tables:\n  c: {topic: c}\n  a: {topic: a}\ntopology:\n  - from: {table: c}\n  - join: {table: a, type: outer, as: '{c: ., a: $right}', materialize: {store: ca}}\n  - to: {topic: out}\n";
+        let app = parse_app(ok).expect("valid");
+        let names: Vec<String> = crate::step::stores(&app.spec.topology)
+            .iter()
+            .map(|d| d.name.to_string())
+            .collect();
+        assert_eq!(names, ["ca"]);
+        let cases = [
+            (
+                format!(
+                    "{t}topology:\n  - from: {{table: c, topic: x}}\n  - join: {{table: a, as: '.'}}\n"
+                ),
+                "topology[0].from: read a topic or a table, not both",
+            ),
+            (
+                format!("{t}topology:\n  - from: {{}}\n"),
+                "topology[0].from: give the topic to read",
+            ),
+            (
+                format!("{t}topology:\n  - from: {{table: x}}\n"),
+                "topology[0].from.table: no table \"x\"",
+            ),
+            (
+                format!("{t}topology:\n  - from: {{table: g}}\n  - join: {{table: a, as: '.'}}\n"),
+                "topology[0].from.table: table \"g\" is global",
+            ),
+            (
+                format!(
+                    "{t}topology:\n  - from: {{table: c, timestamp: '.t'}}\n  - join: {{table: a, as: '.'}}\n"
+                ),
+                "topology[0].from.timestamp: a table's updates keep their records' timestamps",
+            ),
+            (
+                format!(
+                    "{t}topology:\n  - from: {{table: c}}\n  - filter: '.ok'\n  - join: {{table: a, as: '.'}}\n"
+                ),
+                "topology[1].filter: after a table source",
+            ),
+            (
+                format!(
+                    "{t}topology:\n  - from: {{table: c}}\n  - join: {{table: c, as: '.'}}\n  - join: {{table: a, as: '.'}}\n"
+                ),
+                "topology[1].join.table: table \"c\" is the source",
+            ),
+            (
+                format!(
+                    "{t}topology:\n  - from: {{table: c}}\n  - join: {{table: g, as: '.'}}\n  - join: {{table: a, as: '.'}}\n"
+                ),
+                "topology[1].join.table: table \"g\" is global",
+            ),
+            (
+                "tables:\n  c: {topic: c}\n  a: {topic: a}\n  b: {topic: b}\ntopology:\n  - from: {table: c}\n  - join: {table: a, as: '.'}\n  - join: {table: b, as: '.'}\n".to_string(),
+                "topology[1].join: one table-table join per topology for now",
+            ),
+            (
+                format!(
+                    "{t}topology:\n  - from: {{table: c}}\n  - join: {{stream: {{topic: s}}, within: 1m, as: '.'}}\n  - join: {{table: a, as: '.'}}\n"
+                ),
+                "topology[1].join.stream: a table joins tables",
+            ),
+            (
+                format!(
+                    "{t}topology:\n  - from: {{topic: o}}\n  - join: {{table: a, as: '.', materialize: {{store: m}}}}\n  - join: {{table: c, as: '.'}}\n"
+                ),
+                "topology[1].join.materialize: materialize keeps a table-table join's result",
+            ),
+            (
+                format!(
+                    "{t}topology:\n  - from: {{table: c}}\n  - join: {{table: a, as: '.', materialize: {{store: c}}}}\n"
+                ),
+                "topology[1].join.materialize.store: store \"c\" is defined twice",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = err(&text);
+            assert!(e.contains(want), "{text}\n  gave: {e}\n  want: {want}");
+        }
     }
 
     #[test]

@@ -82,10 +82,18 @@ impl Step {
     }
 }
 
+/// `from: {topic: orders}` reads a stream; `from: {table: customers}` reads a table of
+/// `spec.tables` (Kafka Streams' `builder.table`): its updates, for a table-table join.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FromStep {
+    /// The stream's topic (or `table`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub topic: String,
+    /// A table of `spec.tables` (or `topic`): the topology reads its updates, each key's
+    /// latest value kept in the table's store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<String>,
     #[serde(default = "default_key_format")]
     pub key: Format,
     #[serde(default = "default_value_format")]
@@ -251,9 +259,21 @@ pub struct JoinStep {
     #[serde(rename = "as")]
     pub as_: String,
     /// `inner` (default): records nothing joins are dropped; `left`: they go on with
-    /// `$right` null; `outer` (stream joins): so do the other stream's.
+    /// `$right` null; `outer` (stream and table-table joins): so do the other side's, with
+    /// `.` null.
     #[serde(default, rename = "type")]
     pub kind: JoinType,
+    /// Table-table joins: also keep the joined table in this store (changelogged), as Kafka
+    /// Streams' `Materialized.as`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub materialize: Option<Materialize>,
+}
+
+/// Where a table-table join keeps its result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Materialize {
+    pub store: String,
 }
 
 /// The other stream of a stream-stream join.
@@ -478,6 +498,20 @@ pub struct StoreDecl<'a> {
 pub fn stores(topology: &[Step]) -> Vec<StoreDecl<'_>> {
     let mut out = Vec::new();
     for (i, step) in topology.iter().enumerate() {
+        if let Step::Join(JoinStep {
+            materialize: Some(m),
+            ..
+        }) = step
+        {
+            out.push(StoreDecl {
+                step: i,
+                keyword: "join",
+                name: m.store.as_str().into(),
+                in_memory: false,
+                kind: StoreKind::KeyValue,
+            });
+            continue;
+        }
         if let Step::Join(j) = step
             && j.stream.is_some()
         {
@@ -583,8 +617,9 @@ pub(crate) fn schema() -> Value {
         "maxProperties": 1,
         "minProperties": 1,
         "properties": {
-            "from": {"type": "object", "description": "Read a topic: one task per partition.", "required": ["topic"], "properties": {
+            "from": {"type": "object", "description": "Read a topic (or a table of spec.tables): one task per partition.", "properties": {
                 "topic": d(topic.clone(), "The source topic (it must exist)."),
+                "table": d(string.clone(), "A table of spec.tables, instead of topic: its updates, for a table-table join."),
                 "key": d(format.clone(), "Key format: string, json, bytes or i64 (default string)."),
                 "value": d(format.clone(), "Value format: json, string, bytes or i64 (default json)."),
                 "timestamp": d(string.clone(), "jq: the event time in ms since the epoch, from the value (default: the record's timestamp).")}},
@@ -603,7 +638,8 @@ pub(crate) fn schema() -> Value {
                 "grace": d(duration.clone(), "Stream joins: how long after its window ends a left or outer join waits before emitting a record unjoined (default 0s)."),
                 "store": d(json!({"type": "string", "minLength": 1, "maxLength": 190, "pattern": "^[a-zA-Z0-9._-]+$"}), "Stream joins: prefix of the stores <store>-left, <store>-right and <store>-outer (default join-<step index>)."),
                 "as": d(string.clone(), "jq: the joined value, with . the record's value and $right the other side's (null when a left or outer join finds nothing)."),
-                "type": d(json!({"type": "string", "enum": ["inner", "left", "outer"]}), "inner (default) drops records nothing joins; left keeps them with $right null; outer (stream joins) keeps the other stream's too, with . null.")}},
+                "type": d(json!({"type": "string", "enum": ["inner", "left", "outer"]}), "inner (default) drops records nothing joins; left keeps them with $right null; outer (stream and table-table joins) keeps the other side's too, with . null."),
+                "materialize": {"type": "object", "description": "Table-table joins: also keep the joined table in a store.", "required": ["store"], "properties": {"store": d(json!({"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[a-zA-Z0-9._-]+$"}), "Name of the store: its changelog is <applicationId>-<store>-changelog.")}}}},
             "window": {"type": "object", "description": "Make the next count, aggregate or reduce per key and time window: {tumbling: 5m, grace: 30s}, {hopping: 1h, advance: 5m, grace: 0s}, {sliding: 10m, grace: 1m} or {session: 30m, grace: 1m}.", "required": ["grace"], "properties": {
                 "tumbling": d(duration.clone(), "Size of tumbling windows."),
                 "hopping": d(duration.clone(), "Size of hopping windows."),

@@ -120,11 +120,22 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
     for (i, step) in spec.topology.iter().enumerate() {
         match step {
             Step::From(f) => {
+                // A table source: its topic is read, into the table's store.
+                let table = f
+                    .table
+                    .as_ref()
+                    .and_then(|n| Some((n, spec.tables.get(n)?)));
                 cur = Some(SubLayout {
-                    source: f.topic.clone(),
+                    source: table.map_or_else(|| f.topic.clone(), |(_, t)| t.topic.clone()),
                     internal: false,
                     joined: Vec::new(),
-                    stores: Vec::new(),
+                    stores: table
+                        .map(|(n, t)| StoreLayout {
+                            name: t.store_name(n).to_string(),
+                            kind: crate::StoreKind::KeyValue,
+                        })
+                        .into_iter()
+                        .collect(),
                 })
             }
             Step::GroupBy(g) => {
@@ -142,6 +153,12 @@ pub fn layout(application_id: &str, spec: &crate::AppSpec) -> Vec<SubLayout> {
                 let (Some(t), Some(sub)) = (spec.tables.get(name), cur.as_mut()) else {
                     continue;
                 };
+                for d in decls.iter().filter(|d| d.step == i) {
+                    sub.stores.push(StoreLayout {
+                        name: d.name.to_string(),
+                        kind: d.kind,
+                    });
+                }
                 let input = JoinedInput::table(name, &t.topic);
                 if t.global || sub.joined.contains(&input) {
                     continue;
@@ -235,10 +252,30 @@ pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<Intern
     let decls = crate::step::stores(&spec.topology);
     let mut out: Vec<InternalName> = Vec::new();
     for (step, s) in spec.topology.iter().enumerate() {
-        let (topic, origin) = match s {
+        let table = match s {
             Step::Join(JoinStep {
                 table: Some(name), ..
-            }) => match spec.tables.get(name) {
+            }) => Some(name),
+            Step::From(f) => f.table.as_ref(),
+            _ => None,
+        };
+        if table.is_some() {
+            out.extend(
+                decls
+                    .iter()
+                    .filter(|d| d.step == step)
+                    .map(|d| InternalName {
+                        topic: changelog(application_id, &d.name),
+                        origin: Origin::Changelog {
+                            step,
+                            keyword: d.keyword,
+                            store: d.name.to_string(),
+                        },
+                    }),
+            );
+        }
+        let (topic, origin) = match (s, table) {
+            (_, Some(name)) => match spec.tables.get(name) {
                 Some(t)
                     if !t.global
                         && !out.iter().any(
@@ -256,7 +293,7 @@ pub fn internal_names(application_id: &str, spec: &crate::AppSpec) -> Vec<Intern
                 }
                 _ => continue,
             },
-            Step::GroupBy(g) => (
+            (Step::GroupBy(g), _) => (
                 repartition(application_id, step, g.name()),
                 Origin::Repartition {
                     step,
@@ -548,6 +585,41 @@ mod tests {
         .to_string();
         assert!(
             e.starts_with("stream \"shipments\" (topic \"shipments\", 4 partitions) is joined with \"orders\" (6 partitions)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_table_table_join_reads_both_tables_into_their_stores() {
+        let app = crate::parse_app(
+            "tables:\n  c: {topic: customers}\n  a: {topic: accounts, store: acc}\ntopology:\n- from: {table: c}\n- join: {table: a, type: left, as: '.', materialize: {store: ca}}\n- to: {topic: out}\n",
+        )
+        .expect("valid");
+        let subs = layout("x", &app.spec);
+        assert_eq!(subs.len(), 1);
+        assert_eq!(subs[0].source, "customers");
+        assert_eq!(subs[0].joined, [JoinedInput::table("a", "accounts")]);
+        let stores: Vec<&str> = subs[0].stores.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(stores, ["c", "ca", "acc"]);
+        let names: Vec<String> = internal_names("x", &app.spec)
+            .iter()
+            .map(|n| format!("{} ({})", n.topic, n.origin))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "x-c-changelog (changelog of store c, tables.c)",
+                "x-ca-changelog (changelog of store ca, topology[1] join)",
+                "x-acc-changelog (changelog of store acc, tables.a)",
+            ]
+        );
+        let e = plan("x", &subs, &[], false, |t| {
+            Some(if t == "customers" { 2 } else { 3 })
+        })
+        .expect_err("not co-partitioned")
+        .to_string();
+        assert!(
+            e.starts_with("table \"a\" (topic \"accounts\", 3 partitions)"),
             "{e}"
         );
     }

@@ -198,29 +198,11 @@ pub fn join_runs() -> Vec<(Case, Guarantee)> {
         .collect()
 }
 
-/// The join cases eddy runs so far: all but the table-table join.
-pub const EDDY_JOINS: [Case; 5] = [
-    Case::StreamTableInner,
-    Case::StreamTableLeft,
-    Case::GlobalTable,
-    Case::StreamStream,
-    Case::StreamStreamInner,
-];
-
-/// [`EDDY_JOINS`] under both guarantees, or the others (`eddy: false`).
-pub fn join_runs_of(eddy: bool) -> Vec<(Case, Guarantee)> {
-    join_runs()
-        .into_iter()
-        .filter(|(c, _)| EDDY_JOINS.contains(c) == eddy)
-        .collect()
-}
-
 pub const GUARANTEES: [Guarantee; 2] = [Guarantee::AtLeastOnce, Guarantee::ExactlyOnce];
 
 /// Parse `count:at_least_once,sum:exactly_once` into runs; `keyed` stands for count and sum
-/// under both guarantees, `windowed` for [`windowed_runs`], `all` for both, `joins` for
-/// [`join_runs`] (not in `all` until eddy runs joins), and a bare case name for that case
-/// under both guarantees.
+/// under both guarantees, `windowed` for [`windowed_runs`], `joins` for [`join_runs`], `all`
+/// for the three, and a bare case name for that case under both guarantees.
 pub fn parse_runs(s: &str) -> Result<Vec<(Case, Guarantee)>> {
     let every: Vec<(Case, Guarantee)> = [Case::Count, Case::Sum]
         .iter()
@@ -240,6 +222,7 @@ pub fn parse_runs(s: &str) -> Result<Vec<(Case, Guarantee)>> {
             "all" => {
                 out.extend(ALL);
                 out.extend(windowed_runs());
+                out.extend(join_runs());
             }
             _ => out.push(
                 every

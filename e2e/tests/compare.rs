@@ -3,9 +3,8 @@
 //! keys, same value bytes, same output partition per key). Windowed cases (`WINDOWED`):
 //! their outputs must agree window by window (with
 //! suppress, record by record) and with the model of Kafka Streams' window semantics. Join
-//! cases (`JOINS`): both engines record by record per key and against the model of Kafka
-//! Streams' join semantics (the table-table join, which eddy does not run yet: Kafka Streams
-//! alone against the model). Correctness only: no timing targets.
+//! cases (`JOINS`): both engines record by record per key (the table-table join: the final
+//! table) and against the model of Kafka Streams' join semantics. Correctness only: no timing targets.
 
 use eddy_e2e::compare::*;
 use eddy_e2e::unique;
@@ -82,32 +81,13 @@ fn check_join_rows(rows: &[Row], runs: &[(Case, Guarantee)]) {
     }
 }
 
-/// Kafka Streams alone on the join input (10k orders over 1000 customers, 4 partitions, the
-/// global table on 3) for the join eddy does not run yet (table-table): its
-/// output must match the model of its join semantics exactly, record by record per key (the
-/// table-table join: its final table), under both guarantees. This proves the input
-/// deterministic, so that eddy can be held to the same records.
-#[test]
-fn kafka_streams_joins_match_the_model() -> anyhow::Result<()> {
-    let started = std::time::Instant::now();
-    let runs = join_runs_of(false);
-    let mut o = options(runs.clone(), "cmp-test-joins-ks")?;
-    o.records = 10_000;
-    o.kstreams_only = true;
-    let rows = run(&o)?;
-    check_join_rows(&rows, &runs);
-    eprintln!("{}", markdown(&rows, false));
-    eprintln!("took {:.1} s", started.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// Both engines on the join input (10k orders) for the stream-table, global-table and
-/// stream-stream joins: the same records per key in the same order, byte for byte, and the
-/// model's.
+/// Both engines on the join input (10k orders over 1000 customers, 4 partitions, the global
+/// table on 3), every join case under both guarantees: the same records per key in the same
+/// order, byte for byte, and the model's (the table-table join: the same final table).
 #[test]
 fn eddy_matches_kafka_streams_on_joins() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let runs = join_runs_of(true);
+    let runs = join_runs();
     let mut o = options(runs.clone(), "cmp-test-joins")?;
     o.records = 10_000;
     let rows = run(&o)?;

@@ -320,16 +320,36 @@ impl Topology {
             return Err(TopologyError::NoSource);
         };
         let mut subs = Vec::new();
+        // `from: {table}`: the table's topic, in its formats.
+        let source_table = from
+            .table
+            .as_ref()
+            .and_then(|n| Some((n.as_str(), spec.tables.get(n)?)));
+        let (topic, mut kf, mut vf) = match source_table {
+            Some((_, t)) => (t.topic.clone(), t.key, t.value),
+            None => (from.topic.clone(), from.key, from.value),
+        };
         let mut cur = SubTopology::new(
             0,
             Source {
-                topic: from.topic.clone(),
-                key_format: from.key,
-                value_format: from.value,
+                topic,
+                key_format: kf,
+                value_format: vf,
                 internal: false,
             },
         );
-        let (mut kf, mut vf) = (from.key, from.value);
+        if let Some((name, t)) = source_table {
+            let source = steps::join::TableSource {
+                store: t.store_name(name).to_string(),
+                key_format: t.key,
+                forward: true,
+            };
+            cur = cur
+                .processor(move || Box::new(source.clone()))
+                .named(format!("table-{name}"), &[t.store_name(name)])
+                .store(StoreDef::key_value(t.store_name(name), t.key, t.value));
+            cur.inputs[0].table = Some(name.to_string());
+        }
         let budget = Duration::from_millis(
             spec.expression_timeout_ms
                 .unwrap_or(eddy_crds::manifest::DEFAULT_EXPRESSION_TIMEOUT_MS),
@@ -346,8 +366,9 @@ impl Topology {
                 .named("from.timestamp-0", &[]);
             cur.inputs[0].extracts_time = true;
         }
-        // The tables the current sub-topology joins: read by its tasks, beside its source.
-        let mut tables: Vec<&str> = Vec::new();
+        // The tables the current sub-topology joins: read by its tasks, beside its source
+        // (with the table-table join their updates go to).
+        let mut tables: Vec<(&str, Option<usize>)> = Vec::new();
         // The other streams of the current sub-topology's stream joins.
         let mut streams: Vec<JoinedStream> = Vec::new();
         let mut globals: Vec<crate::global::GlobalTable> = Vec::new();
@@ -493,6 +514,30 @@ impl Topology {
                     };
                     let name = j.table.as_deref().unwrap_or_default();
                     let store = table.store_name(name).to_string();
+                    if let Some((left, t)) = source_table {
+                        let join = steps::join::TableTableJoin {
+                            right_topic: table.topic.clone(),
+                            stores: [t.store_name(left).to_string(), store.clone()],
+                            value_formats: [t.value, table.value],
+                            key_format: kf,
+                            joiner: compile(i, &j.as_, &steps::JOIN_VARS)?,
+                            kind: j.kind,
+                            materialize: j.materialize.as_ref().map(|m| m.store.clone()),
+                        };
+                        let mut uses = join.stores.to_vec();
+                        uses.extend(join.materialize.clone());
+                        let uses: Vec<&str> = uses.iter().map(String::as_str).collect();
+                        let materialize = join.materialize.clone();
+                        cur = cur
+                            .processor(move || Box::new(join.clone()))
+                            .named(format!("join-{i}"), &uses);
+                        if let Some(m) = materialize {
+                            cur = cur.store(StoreDef::key_value(&m, kf, Format::Json));
+                        }
+                        tables.push((name, Some(cur.processors.len() - 1)));
+                        vf = Format::Json;
+                        continue;
+                    }
                     if table.global {
                         if !globals.iter().any(|g| g.name == name) {
                             globals.push(crate::global::GlobalTable {
@@ -503,8 +548,8 @@ impl Topology {
                                 value_format: table.value,
                             });
                         }
-                    } else if !tables.contains(&name) {
-                        tables.push(name);
+                    } else if !tables.iter().any(|(t, _)| *t == name) {
+                        tables.push((name, None));
                     }
                     let join = steps::join::StreamTableJoin {
                         store,
@@ -683,16 +728,17 @@ struct JoinedStream {
 fn with_inputs(
     mut sub: SubTopology,
     spec: &AppSpec,
-    tables: Vec<&str>,
+    tables: Vec<(&str, Option<usize>)>,
     streams: Vec<JoinedStream>,
 ) -> SubTopology {
-    for name in tables {
+    for (name, join) in tables {
         let Some(t) = spec.tables.get(name) else {
             continue;
         };
         let source = steps::join::TableSource {
             store: t.store_name(name).to_string(),
             key_format: t.key,
+            forward: join.is_some(),
         };
         sub = sub
             .input(Source {
@@ -706,6 +752,9 @@ fn with_inputs(
             .store(StoreDef::key_value(t.store_name(name), t.key, t.value));
         if let Some(input) = sub.inputs.last_mut() {
             input.table = Some(name.to_string());
+        }
+        if let Some(n) = sub.processors.last_mut() {
+            n.next = join;
         }
     }
     for s in streams {

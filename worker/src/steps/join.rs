@@ -7,14 +7,19 @@ use crate::expr::{Expr, Val};
 use crate::format;
 use crate::processor::{Context, ProcessError, Processor};
 use crate::record::{Data, Record};
-use eddy_crds::Format;
+use crate::window::{split_timestamp, with_timestamp};
+use eddy_crds::{Format, JoinType};
 
 /// A table's records into its store: a value sets the key's, a tombstone deletes the key.
-/// Table updates go no further: a stream-table join is triggered by the stream side only.
+/// For a stream-table join table updates go no further (the stream side triggers the join);
+/// a table-table join gets them (`forward`), with timestamps kept beside the values.
 #[derive(Clone)]
 pub struct TableSource {
     pub store: String,
     pub key_format: Format,
+    /// Pass each update on, and keep each value's timestamp in front of it
+    /// ([`crate::window::with_timestamp`]) for the joined result's.
+    pub forward: bool,
 }
 
 impl Processor for TableSource {
@@ -35,9 +40,15 @@ impl Processor for TableSource {
                         format::encode(Format::Json, v).map_err(ProcessError::bad)?,
                     ),
                 };
-                store.put(&key, &bytes, r.timestamp);
+                match self.forward {
+                    true => store.put(&key, &with_timestamp(r.timestamp, &bytes), r.timestamp),
+                    false => store.put(&key, &bytes, r.timestamp),
+                }
             }
             None => store.delete(&key, r.timestamp),
+        }
+        if self.forward {
+            ctx.forward(r);
         }
         Ok(())
     }
@@ -113,6 +124,114 @@ impl Processor for StreamTableJoin {
     }
 }
 
+/// `from: {table: a}` then `join: {table: b}`: a table-table join (Kafka Streams'
+/// `KTableKTableJoin`, `LeftJoin`, `OuterJoin`). An update of either table joins the other's
+/// current value for its key and emits the joined table's new value for the key (a
+/// tombstone when the key leaves it), timestamped the later of both sides'.
+#[derive(Clone)]
+pub struct TableTableJoin {
+    /// The right table's topic: its updates enter the task there.
+    pub right_topic: String,
+    /// The left and right tables' stores (values behind their timestamps).
+    pub stores: [String; 2],
+    pub value_formats: [Format; 2],
+    pub key_format: Format,
+    pub joiner: Expr,
+    pub kind: JoinType,
+    /// Also keep the joined table here.
+    pub materialize: Option<String>,
+}
+
+impl TableTableJoin {
+    /// The other side's current value for `key`, with its timestamp.
+    fn current(
+        &self,
+        side: usize,
+        key: &[u8],
+        ctx: &mut Context<'_>,
+    ) -> Result<Option<(i64, Data)>, ProcessError> {
+        let Some(v) = ctx.store(&self.stores[side])?.get(key)? else {
+            return Ok(None);
+        };
+        let (ts, bytes) = split_timestamp(&v).ok_or_else(|| {
+            ProcessError::Fatal(format!(
+                "table store {} holds a value without its timestamp: its changelog was written by a stream-table join's table; reset the app's state",
+                self.stores[side]
+            ))
+        })?;
+        Ok(Some((ts, Data::raw(bytes, self.value_formats[side]))))
+    }
+}
+
+impl Processor for TableTableJoin {
+    fn process(&mut self, r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
+        let this = usize::from(ctx.topic() == Some(self.right_topic.as_str()));
+        let Some(key) = &r.key else {
+            return Err(ProcessError::Skip(
+                "null key: a table ignores records without a key".into(),
+            ));
+        };
+        let key_bytes = key
+            .to_bytes(self.key_format)
+            .map_err(ProcessError::bad)?
+            .into_owned();
+        let other = self.current(1 - this, &key_bytes, ctx)?;
+        let (mine, theirs) = (r.value.clone(), other.as_ref().map(|(_, d)| d.clone()));
+        let (left, right) = match this {
+            0 => (mine, theirs),
+            _ => (theirs, mine),
+        };
+        // Kafka Streams' rules: an inner join needs both sides; a left join needs the left
+        // one (an update of the right side of a key the left lacks emits nothing); an outer
+        // join either. A side that is needed and gone makes a tombstone (in an outer join,
+        // both sides gone: the update may have removed the key's last side).
+        let emit = match self.kind {
+            JoinType::Inner => other.is_some(),
+            JoinType::Left => this == 0 || other.is_some(),
+            JoinType::Outer => true,
+        };
+        if !emit {
+            return Ok(());
+        }
+        let joins = match self.kind {
+            JoinType::Inner => left.is_some() && right.is_some(),
+            JoinType::Left => left.is_some(),
+            JoinType::Outer => left.is_some() || right.is_some(),
+        };
+        let value = match joins {
+            true => {
+                let right = match &right {
+                    Some(d) => d.to_val().map_err(ProcessError::bad)?,
+                    None => Val::Null,
+                };
+                let probe = Record::new(r.key.clone(), None, r.timestamp);
+                let [k, ts, w] = vars(&probe)?;
+                let joined = one(&self.joiner, &left, &[k, ts, w, right])?;
+                (joined != Val::Null).then_some(Data::Val(joined))
+            }
+            false => None,
+        };
+        let timestamp = other.map_or(r.timestamp, |(ts, _)| ts.max(r.timestamp));
+        if let Some(m) = &self.materialize {
+            let mut store = ctx.store(m)?;
+            match &value {
+                Some(v) => {
+                    let bytes = v.to_bytes(Format::Json).map_err(ProcessError::bad)?;
+                    store.put(&key_bytes, &bytes, timestamp);
+                }
+                None => store.delete(&key_bytes, timestamp),
+            }
+        }
+        ctx.forward(Record {
+            key: r.key,
+            value,
+            timestamp,
+            window: None,
+        });
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::steps::driver::Driver;
@@ -165,6 +284,78 @@ mod tests {
             // Table updates emit nothing; the table source only fills the store.
             assert!(d.dropped.is_empty(), "{:?}", d.dropped);
         }
+    }
+
+    const TABLES: &str = "tables:\n  customers: {topic: customers}\n  accounts: {topic: accounts}\ntopology:\n- from: {table: customers}\n- join: {table: accounts, type: TYPE, as: '{name: .name, balance: $right.balance}', materialize: {store: joined}}\n- to: {topic: out}\n";
+
+    /// What `to` sent, with timestamps.
+    fn sent_at(d: &Driver) -> Vec<(Option<String>, Option<String>, i64)> {
+        sent(d)
+            .into_iter()
+            .zip(d.sent.0.iter().map(|s| s.3))
+            .map(|((k, v), ts)| (k, v, ts))
+            .collect()
+    }
+
+    #[test]
+    fn a_table_table_join_emits_the_joined_tables_updates_and_tombstones() {
+        let c = |n: &str| Some(format!(r#"{{"name":"{n}"}}"#));
+        let a = |b: i64| Some(format!(r#"{{"balance":{b}}}"#));
+        let row = |k: &str, v: Option<&str>, ts| (Some(k.to_string()), v.map(str::to_string), ts);
+        let run = |kind: &str| {
+            let mut d = Driver::new(&TABLES.replace("TYPE", kind), 0);
+            d.process_input(0, Some("k"), c("Ada").as_deref(), 1); // customer, no account
+            d.process_input(1, Some("k"), a(5).as_deref(), 2); // account arrives
+            d.process_input(1, Some("j"), a(7).as_deref(), 3); // account without customer
+            d.process_input(0, Some("k"), c("Bea").as_deref(), 4); // customer update
+            d.process_input(1, Some("k"), None, 5); // account deleted
+            d.process_input(0, Some("k"), None, 6); // customer deleted
+            d
+        };
+        let d = run("inner");
+        assert_eq!(
+            sent_at(&d),
+            [
+                row("k", Some(r#"{"name":"Ada","balance":5}"#), 2),
+                row("k", Some(r#"{"name":"Bea","balance":5}"#), 4),
+                row("k", None, 5),
+            ]
+        );
+        let d = run("left");
+        assert_eq!(
+            sent_at(&d),
+            [
+                row("k", Some(r#"{"name":"Ada","balance":null}"#), 1),
+                row("k", Some(r#"{"name":"Ada","balance":5}"#), 2),
+                row("k", Some(r#"{"name":"Bea","balance":5}"#), 4),
+                row("k", Some(r#"{"name":"Bea","balance":null}"#), 5),
+                row("k", None, 6),
+            ]
+        );
+        let mut d = run("outer");
+        assert_eq!(
+            sent_at(&d),
+            [
+                row("k", Some(r#"{"name":"Ada","balance":null}"#), 1),
+                row("k", Some(r#"{"name":"Ada","balance":5}"#), 2),
+                row("j", Some(r#"{"name":null,"balance":7}"#), 3),
+                row("k", Some(r#"{"name":"Bea","balance":5}"#), 4),
+                row("k", Some(r#"{"name":"Bea","balance":null}"#), 5),
+                row("k", None, 6),
+            ]
+        );
+        // The joined table is kept in the materialized store: k is gone, j stays.
+        d.commit();
+        let store = d
+            .stores
+            .iter_mut()
+            .find(|s| s.name == "joined")
+            .expect("store");
+        let table = store.range(None, &[], &[0xff; 4]).expect("readable");
+        assert_eq!(
+            table,
+            [(b"j".to_vec(), br#"{"name":null,"balance":7}"#.to_vec())]
+        );
     }
 
     #[test]
