@@ -644,6 +644,12 @@ fn check_stream_join<'a>(
             "key picks the lookup key of a global table; a stream join matches records by their keys (re-key with groupBy before the join)",
         ));
     }
+    if j.materialize.is_some() {
+        return Err(invalid(
+            format!("{field}.materialize"),
+            "materialize keeps a table-table join's result: a stream join's result is a stream (write it with to, or aggregate it)",
+        ));
+    }
     if j.within.is_none() {
         return Err(invalid(
             format!("{field}.within"),
@@ -1262,6 +1268,12 @@ spec:
             (
                 format!("{s}  - join: {{stream: {{topic: s}}, within: 1m, key: '.id', as: '.'}}\n"),
                 "topology[1].join.key: key picks the lookup key of a global table",
+            ),
+            (
+                format!(
+                    "{s}  - join: {{stream: {{topic: s}}, within: 1m, materialize: {{store: m}}, as: '.'}}\n"
+                ),
+                "topology[1].join.materialize: materialize keeps a table-table join's result",
             ),
             (
                 format!(

@@ -500,6 +500,7 @@ pub fn stores(topology: &[Step]) -> Vec<StoreDecl<'_>> {
     for (i, step) in topology.iter().enumerate() {
         if let Step::Join(JoinStep {
             materialize: Some(m),
+            stream: None,
             ..
         }) = step
         {

@@ -515,6 +515,12 @@ spec:
     );
     let t = recent();
     // a: never shipped; b: shipped within the window; d: shipped only after the restart.
+    // z (below) moves stream time past a's window: it must go to a's task.
+    let partition = |k: &str| eddy_worker::partitioner::partition_for(k.as_bytes(), 2);
+    ensure!(
+        partition("a") == partition("z"),
+        "a and z share a partition"
+    );
     at(&orders, "a", "order", "a", t)?;
     at(&orders, "b", "order", "b", t + 1_000)?;
     at(&orders, "d", "order", "d", t + 2_000)?;

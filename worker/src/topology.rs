@@ -712,8 +712,6 @@ impl Topology {
     }
 }
 
-/// A sub-topology with the tables its joins look up: each an input whose records the table
-/// source puts into the table's store (Kafka Streams' `KTableSource`).
 /// The other stream of a stream join, read by the tasks of the join's sub-topology.
 struct JoinedStream {
     step: usize,

@@ -83,8 +83,8 @@ impl Driver {
         self.process_input(0, Some(key), Some(value), ts);
     }
 
-    /// Process one record of input `input` (0 the source, then the tables joined); `None`
-    /// is a null key or a tombstone.
+    /// Process one record of input `input` (0 the source, then the tables and streams joined);
+    /// `None` is a null key or a tombstone.
     pub fn process_input(&mut self, input: usize, key: Option<&str>, value: Option<&str>, ts: i64) {
         let (entry, kf, vf, topic) = self.inputs[input].clone();
         let r = Record::new(

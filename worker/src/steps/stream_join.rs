@@ -123,30 +123,27 @@ impl StreamStreamJoin {
             return Ok(());
         }
         self.min_time = i64::MAX;
-        let mut store = ctx.store(name)?;
-        let held = store.range(&[], &[0xff; 10])?;
+        let held = ctx.store(name)?.range(&[], &[0xff; 10])?;
         let mut closed = Vec::new();
         let mut open = [false; 2];
         for (k, v) in held {
+            let (ts, side, _) = split_held(&k).ok_or_else(|| corrupt(name))?;
+            // Kafka Streams 4.x takes the time of the entry the scan stops at, too.
+            self.min_time = ts;
             if open[0] && open[1] {
                 break;
             }
-            let Some((ts, side, _)) = split_held(&k) else {
-                continue;
-            };
-            self.min_time = ts;
             if ts.saturating_add(self.within + self.grace) >= self.stream_time {
                 open[side] = true;
                 continue;
             }
-            store.delete(&k, ts);
             closed.push((k, v));
         }
-        for (k, v) in closed {
-            let Some((ts, side, key)) = split_held(&k) else {
-                continue;
-            };
-            for value in values(&v) {
+        // Emitted first, deleted once all are: a joiner failing on one keeps them all held
+        // (what was forwarded is dropped with the failed record), none lost.
+        for (k, v) in &closed {
+            let (ts, side, key) = split_held(k).ok_or_else(|| corrupt(name))?;
+            for value in values(v) {
                 let key = Some(Data::raw(key, self.key_format));
                 let value = Some(self.value(side, value.to_vec()));
                 let r = match side {
@@ -156,8 +153,20 @@ impl StreamStreamJoin {
                 ctx.forward(r);
             }
         }
+        let mut store = ctx.store(name)?;
+        for (k, _) in closed {
+            let ts = split_held(&k).map_or(self.stream_time, |(ts, _, _)| ts);
+            store.delete(&k, ts);
+        }
         Ok(())
     }
+}
+
+/// The outer store holds a key this join did not write.
+fn corrupt(store: &str) -> ProcessError {
+    ProcessError::Fatal(format!(
+        "store {store} holds a key that is not (timestamp, side, key): its changelog was written by something else; reset the app's state"
+    ))
 }
 
 impl Processor for StreamStreamJoin {
@@ -405,6 +414,37 @@ mod tests {
         shipment(&mut d, "e", 5, 30);
         order(&mut d, "f", 5, 40);
         assert_eq!(sent(&d).len(), 4, "{:?}", sent(&d));
+    }
+
+    /// The scan for closed records remembers the time of the entry it stopped at (both sides
+    /// still open), as Kafka Streams 4.x does: the next scan waits for it, so a late partner
+    /// can still join a held record instead of finding it emitted unjoined.
+    #[test]
+    fn the_scan_remembers_where_it_stopped_so_a_late_partner_still_joins() {
+        let mut d = driver("outer");
+        order(&mut d, "a", 1, 10);
+        shipment(&mut d, "x", 1, 15);
+        order(&mut d, "y", 2, 15);
+        order(&mut d, "z", 3, 16);
+        shipment(&mut d, "a", 2, 11); // late: joins a, which waits no more
+        order(&mut d, "w", 4, 17); // scans: x and y still open, stops at z (16)
+        order(&mut d, "v", 5, 22); // 16 + 6 is not before 22: no scan
+        order(&mut d, "x", 6, 14); // late: joins the held shipment x
+        assert_eq!(
+            sent(&d),
+            [
+                rec("a", r#"{"o":1,"s":2}"#, 11),
+                rec("x", r#"{"o":6,"s":1}"#, 15)
+            ]
+        );
+        order(&mut d, "q", 7, 23); // scans: y and z closed; x was joined
+        assert_eq!(
+            sent(&d)[2..],
+            [
+                rec("y", r#"{"o":2,"s":null}"#, 15),
+                rec("z", r#"{"o":3,"s":null}"#, 16)
+            ]
+        );
     }
 
     #[test]
