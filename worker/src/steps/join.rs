@@ -2,7 +2,7 @@
 //! Streams' `KTableSource`), and each stream record joined with its key's value there
 //! (`KStreamKTableJoinProcessor`).
 
-use super::{one, vars};
+use super::{joined_value, one, vars};
 use crate::expr::{Expr, Val};
 use crate::format;
 use crate::processor::{Context, ProcessError, Processor};
@@ -111,12 +111,10 @@ impl Processor for StreamTableJoin {
             None if self.left => Val::Null,
             None => return Ok(()),
         };
-        let [k, ts, w] = vars;
-        let joined = one(&self.joiner, &r.value, &[k, ts, w, right])?;
+        let value = joined_value(&self.joiner, &r.key, &r.value, right, r.timestamp)?;
         ctx.forward(Record {
             key: r.key,
-            // A joiner giving null makes a tombstone, as a Java joiner returning null does.
-            value: (joined != Val::Null).then_some(Data::Val(joined)),
+            value,
             timestamp: r.timestamp,
             window: None,
         });
@@ -198,20 +196,19 @@ impl Processor for TableTableJoin {
             JoinType::Left => left.is_some(),
             JoinType::Outer => left.is_some() || right.is_some(),
         };
+        let timestamp = other
+            .as_ref()
+            .map_or(r.timestamp, |(ts, _)| (*ts).max(r.timestamp));
         let value = match joins {
             true => {
                 let right = match &right {
                     Some(d) => d.to_val().map_err(ProcessError::bad)?,
                     None => Val::Null,
                 };
-                let probe = Record::new(r.key.clone(), None, r.timestamp);
-                let [k, ts, w] = vars(&probe)?;
-                let joined = one(&self.joiner, &left, &[k, ts, w, right])?;
-                (joined != Val::Null).then_some(Data::Val(joined))
+                joined_value(&self.joiner, &r.key, &left, right, timestamp)?
             }
             false => None,
         };
-        let timestamp = other.map_or(r.timestamp, |(ts, _)| ts.max(r.timestamp));
         if let Some(m) = &self.materialize {
             let mut store = ctx.store(m)?;
             match &value {

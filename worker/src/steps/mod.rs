@@ -29,6 +29,21 @@ fn vars(r: &Record) -> Result<[Val; 3], ProcessError> {
     Ok([val_of(&r.key)?, from_i64(r.timestamp), window_val(r)])
 }
 
+/// A join's `as` for one result: `.` the left value, `$right` the right one (null where a
+/// side is missing), `$key` and `$ts` the result's. A joiner giving null makes a tombstone, as a
+/// Java joiner returning null does.
+fn joined_value(
+    joiner: &Expr,
+    key: &Option<Data>,
+    left: &Option<Data>,
+    right: Val,
+    timestamp: i64,
+) -> Result<Option<Data>, ProcessError> {
+    let vars = [val_of(key)?, from_i64(timestamp), Val::Null, right];
+    let joined = one(joiner, left, &vars)?;
+    Ok((joined != Val::Null).then_some(Data::Val(joined)))
+}
+
 /// Names of the variables of [`vars`]; aggregations add `agg`.
 pub const VARS: [&str; 3] = ["key", "ts", "window"];
 /// [`VARS`] and the current aggregate.

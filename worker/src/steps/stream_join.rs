@@ -10,7 +10,7 @@
 //! records runs for a record at stream time, skipped while the oldest time it may find could
 //! still join, with that time taken from the last entry the previous scan visited.
 
-use super::{one, vars};
+use super::joined_value;
 use crate::expr::{Expr, Val};
 use crate::processor::{Context, ProcessError, Processor};
 use crate::record::{Data, Record};
@@ -90,18 +90,10 @@ impl StreamStreamJoin {
             })?,
             None => Val::Null,
         };
-        let probe = Record {
-            key,
-            value: None,
-            timestamp,
-            window: None,
-        };
-        let [k, ts, w] = vars(&probe)?;
-        let joined = one(&self.joiner, &left, &[k, ts, w, right])?;
+        let value = joined_value(&self.joiner, &key, &left, right, timestamp)?;
         Ok(Record {
-            key: probe.key,
-            // A joiner giving null makes a tombstone, as a Java joiner returning null does.
-            value: (joined != Val::Null).then_some(Data::Val(joined)),
+            key,
+            value,
             timestamp,
             window: None,
         })
