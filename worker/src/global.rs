@@ -7,7 +7,7 @@
 
 use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, StoreLabels};
-use crate::restore::RestoreContext;
+use crate::restore::{RestoreContext, changelog_reader};
 use crate::store::{Change, StateResources, StoreError, TaskDb, partition_checkpoint};
 use eddy_crds::Format;
 use rdkafka::Offset;
@@ -191,15 +191,11 @@ fn follow(cfg: &WorkerConfig, t: &GlobalTable, sh: &Shared<'_>) -> Result<(), Gl
         table: format!("{} (topic {})", t.name, t.topic),
         source,
     };
-    let consumer: BaseConsumer<RestoreContext> = cfg
-        .client_config()
-        .set("group.id", format!("{}-global", cfg.application_id))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest")
-        .create_with_context(RestoreContext)
-        .map_err(kafka)?;
+    let consumer = changelog_reader(
+        cfg.client_config(),
+        format!("{}-global", cfg.application_id),
+    )
+    .map_err(kafka)?;
     let md = consumer
         .fetch_metadata(Some(&t.topic), Duration::from_secs(30))
         .map_err(kafka)?;

@@ -63,6 +63,21 @@ impl ClientContext for RestoreContext {
 }
 impl ConsumerContext for RestoreContext {}
 
+/// A consumer that reads a topic as a store's changelog: committed records only, from the
+/// start where no position is given, telling where each partition ends; it never commits.
+pub(crate) fn changelog_reader(
+    mut client: rdkafka::ClientConfig,
+    group: String,
+) -> rdkafka::error::KafkaResult<BaseConsumer<RestoreContext>> {
+    client
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .create_with_context(RestoreContext)
+}
+
 /// Bytes of distinct keys and values buffered per changelog partition before they are
 /// written to the store. Only a key's last value matters, so a batch keeps one entry per key:
 /// a changelog written by frequent commits repeats each key many times, and every repeat
@@ -169,15 +184,11 @@ pub fn restore(
             topic: changelog.clone(),
             source,
         };
-        let consumer: BaseConsumer<RestoreContext> = cfg
-            .client_config_with(RESTORE_CONSUMER_TUNING)
-            .set("group.id", format!("{}-restore", cfg.application_id))
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .set("auto.offset.reset", "earliest")
-            .create_with_context(RestoreContext)
-            .map_err(kafka)?;
+        let consumer = changelog_reader(
+            cfg.client_config_with(RESTORE_CONSUMER_TUNING),
+            format!("{}-restore", cfg.application_id),
+        )
+        .map_err(kafka)?;
         // Restored with write batches: partition → (task index, store index, high watermark).
         let mut targets: HashMap<i32, (usize, usize, i64)> = HashMap::new();
         // Restored through SST files, one partition after the other.
