@@ -11,6 +11,17 @@ use std::time::Duration;
 
 const READY: Duration = Duration::from_secs(120);
 
+/// Topics `<name>-<suffix>` with these partition counts, deleted (with the app's internal
+/// topics) when the returned guard is dropped.
+fn topics(name: &str, specs: [(&str, i32); 3]) -> Result<([String; 3], Cleanup)> {
+    let names = specs.map(|(suffix, _)| format!("{name}-{suffix}"));
+    let cleanup = Cleanup(names.to_vec(), name.to_string());
+    for (topic, (_, partitions)) in names.iter().zip(specs) {
+        create_topic(topic, partitions)?;
+    }
+    Ok((names, cleanup))
+}
+
 /// A record time an hour ago: timestamps older than the broker's retention (7 days) would
 /// have their segments deleted under the test (the log start passing the committed offsets).
 fn recent() -> i64 {
@@ -164,18 +175,8 @@ spec:
 #[test]
 fn orders_meet_the_customer_as_of_their_time_and_the_table_survives_a_wiped_disk() -> Result<()> {
     let name = unique("enrich");
-    let (customers, orders, output) = (
-        format!("{name}-customers"),
-        format!("{name}-orders"),
-        format!("{name}-out"),
-    );
-    let _cleanup = Cleanup(
-        vec![customers.clone(), orders.clone(), output.clone()],
-        name.clone(),
-    );
-    create_topic(&customers, 3)?;
-    create_topic(&orders, 3)?;
-    create_topic(&output, 1)?;
+    let ([customers, orders, output], _cleanup) =
+        topics(&name, [("customers", 3), ("orders", 3), ("out", 1)])?;
     let all = events(3_000, 40, recent());
     let (first, rest) = all.split_at(2_000);
     // Everything is in Kafka before the worker starts: only processing in timestamp order
@@ -234,18 +235,8 @@ fn orders_meet_the_customer_as_of_their_time_and_the_table_survives_a_wiped_disk
 #[test]
 fn an_inner_join_drops_orders_without_a_customer() -> Result<()> {
     let name = unique("inner");
-    let (customers, orders, output) = (
-        format!("{name}-customers"),
-        format!("{name}-orders"),
-        format!("{name}-out"),
-    );
-    let _cleanup = Cleanup(
-        vec![customers.clone(), orders.clone(), output.clone()],
-        name.clone(),
-    );
-    create_topic(&customers, 2)?;
-    create_topic(&orders, 2)?;
-    create_topic(&output, 1)?;
+    let ([customers, orders, output], _cleanup) =
+        topics(&name, [("customers", 2), ("orders", 2), ("out", 1)])?;
     let all = events(600, 10, recent());
     produce_events(&customers, &orders, &all)?;
     let dir = tempfile::tempdir()?;
@@ -266,18 +257,8 @@ fn an_inner_join_drops_orders_without_a_customer() -> Result<()> {
 #[test]
 fn a_table_with_another_partition_count_is_refused_with_what_to_do() -> Result<()> {
     let name = unique("copart");
-    let (customers, orders, output) = (
-        format!("{name}-customers"),
-        format!("{name}-orders"),
-        format!("{name}-out"),
-    );
-    let _cleanup = Cleanup(
-        vec![customers.clone(), orders.clone(), output.clone()],
-        name.clone(),
-    );
-    create_topic(&customers, 2)?;
-    create_topic(&orders, 3)?;
-    create_topic(&output, 1)?;
+    let ([customers, orders, output], _cleanup) =
+        topics(&name, [("customers", 2), ("orders", 3), ("out", 1)])?;
     let dir = tempfile::tempdir()?;
     let yaml = app(&name, &customers, &orders, &output, "left");
     // `check` refuses it before anything runs...
@@ -358,19 +339,9 @@ fn produce_payments(topic: &str, ids: std::ops::Range<i64>, codes: &[&str]) -> R
 #[test]
 fn a_global_table_is_restored_before_processing_and_kept_up_to_date() -> Result<()> {
     let name = unique("lookup");
-    let (countries, payments, output) = (
-        format!("{name}-countries"),
-        format!("{name}-payments"),
-        format!("{name}-out"),
-    );
-    let _cleanup = Cleanup(
-        vec![countries.clone(), payments.clone(), output.clone()],
-        name.clone(),
-    );
     // Not co-partitioned, and needs not be: every worker holds every country.
-    create_topic(&countries, 2)?;
-    create_topic(&payments, 3)?;
-    create_topic(&output, 1)?;
+    let ([countries, payments, output], _cleanup) =
+        topics(&name, [("countries", 2), ("payments", 3), ("out", 1)])?;
     let t = recent() - 60_000;
     let named = |code: &str, name: &str| {
         (
@@ -488,18 +459,8 @@ fn at(topic: &str, key: &str, field: &str, id: &str, ts: i64) -> Result<()> {
 #[test]
 fn a_left_stream_join_keeps_its_window_and_waiting_orders_across_a_wiped_disk() -> Result<()> {
     let name = unique("shipped");
-    let (orders, shipments, output) = (
-        format!("{name}-orders"),
-        format!("{name}-shipments"),
-        format!("{name}-out"),
-    );
-    let _cleanup = Cleanup(
-        vec![orders.clone(), shipments.clone(), output.clone()],
-        name.clone(),
-    );
-    create_topic(&orders, 2)?;
-    create_topic(&shipments, 2)?;
-    create_topic(&output, 1)?;
+    let ([orders, shipments, output], _cleanup) =
+        topics(&name, [("orders", 2), ("shipments", 2), ("out", 1)])?;
     let yaml = format!(
         r#"apiVersion: eddy.dev/v1alpha1
 kind: StatefulStreamApp
