@@ -1312,7 +1312,8 @@ fn commit_offsets(
 }
 
 /// Where an input stands: at its end when what was fetched (`fetched`: the offset after the
-/// last record fetched, or where the task resumed) reaches the partition's high watermark.
+/// last record fetched, or where the task resumed) reaches the partition's high watermark,
+/// one behind when only that watermark's last offset (perhaps a transaction marker) is left.
 fn position<C: rdkafka::consumer::ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
@@ -1321,6 +1322,7 @@ fn position<C: rdkafka::consumer::ConsumerContext>(
 ) -> Position {
     match (fetched, high_watermark(consumer, topic, partition)) {
         (Some(f), Some(h)) if f >= h => Position::AtEnd,
+        (Some(f), Some(h)) if f + 1 == h => Position::OneBehind,
         (_, Some(_)) => Position::Behind,
         (_, None) => Position::Unknown,
     }

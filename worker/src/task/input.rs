@@ -8,11 +8,17 @@ use eddy_crds::Format;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// How long a task with several inputs holds records back for an empty input that has more
-/// on the broker (Kafka Streams waits for inputs with lag): past it the others go on. It
-/// bounds the wait for a transactional input, whose last offset is a commit marker that is
-/// never fetched as a record.
+/// How long a task with several inputs holds records back for an empty input whose partition
+/// ends one offset past what was fetched: that offset may be a transaction's commit marker,
+/// which is never fetched as a record. Past it the others go on.
 pub const MAX_IDLE: Duration = Duration::from_secs(2);
+
+/// How long a task holds records back for an empty input that has records on the broker (Kafka
+/// Streams waits for inputs with lag, so that the order of the records it joins does not
+/// depend on how fast each partition is fetched; a loaded machine fetches one partition
+/// seconds behind another). Bounded: an aborted transaction leaves offsets that are never
+/// fetched either.
+pub const MAX_BEHIND: Duration = Duration::from_secs(30);
 
 /// How long a task holds records back for an empty input whose end is not known yet (before
 /// its first fetch came back), as Kafka Streams waits for an unknown lag.
@@ -23,8 +29,10 @@ pub const MAX_UNKNOWN: Duration = Duration::from_secs(10);
 pub enum Position {
     /// Everything its partition has was fetched: nothing to wait for.
     AtEnd,
-    /// The broker has more.
+    /// The broker has more than one offset past what was fetched.
     Behind,
+    /// The broker has one offset more: a record, or a transaction marker.
+    OneBehind,
     /// Not known yet.
     Unknown,
 }
@@ -101,8 +109,8 @@ impl TaskInput {
 
 /// The input whose head record goes next: the smallest head timestamp (the earliest input on
 /// a tie), once no empty input needs waiting for. An empty input is waited for unless
-/// `position` says it is at its end, or it has been empty for [`MAX_IDLE`] ([`MAX_UNKNOWN`]
-/// while its position is unknown).
+/// `position` says it is at its end, or it has been empty for [`MAX_BEHIND`] ([`MAX_IDLE`]
+/// when only one offset may be left, [`MAX_UNKNOWN`] while its position is unknown).
 pub fn next_input(
     inputs: &[TaskInput],
     now: Instant,
@@ -119,7 +127,8 @@ pub fn next_input(
             None => {
                 let limit = match position(input) {
                     Position::AtEnd => continue,
-                    Position::Behind => MAX_IDLE,
+                    Position::Behind => MAX_BEHIND,
+                    Position::OneBehind => MAX_IDLE,
                     Position::Unknown => MAX_UNKNOWN,
                 };
                 if now.duration_since(input.empty_since) < limit {
@@ -206,9 +215,19 @@ mod tests {
             }),
             Some(0)
         );
-        // Or empty for longer than the idle limit: longer when nothing is known of it yet.
+        // Or empty for longer than the idle limit: short when all it may have left is a
+        // transaction marker, longer when nothing is known of it yet, longest when the broker
+        // has records for it.
         assert_eq!(
-            next_input(&ins, start + MAX_IDLE, |_| Position::Behind),
+            next_input(&ins, start + MAX_IDLE, |_| Position::OneBehind),
+            Some(0)
+        );
+        assert_eq!(
+            next_input(&ins, start + MAX_UNKNOWN, |_| Position::Behind),
+            None
+        );
+        assert_eq!(
+            next_input(&ins, start + MAX_BEHIND, |_| Position::Behind),
             Some(0)
         );
         assert_eq!(
