@@ -583,7 +583,22 @@ fn check_table_source(
             ),
         ));
     }
+    not_versioned(name, table, &format!("{field}.from.table"))?;
     Ok(table.key)
+}
+
+/// Versioned tables answer stream-table joins as of the stream record's time; a table-table
+/// join would have to skip their out-of-order updates (Kafka Streams does), which it does not.
+fn not_versioned(name: &str, table: &crate::TableSpec, field: &str) -> Result<(), ManifestError> {
+    if table.versioned.is_some() {
+        return Err(invalid(
+            field.to_string(),
+            format!(
+                "table {name:?} is versioned: a table-table join of versioned tables is not supported yet; remove versioned (the join sees each key's latest value), or join a stream to it"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A table-table join: another partitioned table, a `materialize` store, one such join.
@@ -608,6 +623,9 @@ fn check_table_join(
                 "table {right:?} is global: a table-table join needs a table partitioned like {left:?} (remove global: true)"
             ),
         ));
+    }
+    if let Some(t) = spec.tables.get(right) {
+        not_versioned(right, t, &format!("{field}.join.table"))?;
     }
     let joins = spec
         .topology
@@ -745,10 +763,10 @@ fn check_tables(
                 ),
             ));
         }
-        if t.versioned.is_some() {
+        if t.global && t.versioned.is_some() {
             return Err(invalid(
                 format!("{field}.versioned"),
-                "versioned tables are not supported yet: remove versioned (a join then sees each key's latest value)",
+                "a global table keeps only each key's latest value (as Kafka Streams: GlobalTables cannot be versioned): remove versioned, or global: true to join it by the stream's key",
             ));
         }
     }
@@ -1111,8 +1129,16 @@ spec:
                 "topology[3].count.store: store \"n\" is defined twice",
             ),
             (
-                "tables:\n  c: {topic: c, versioned: {history: 1d}}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, as: '.'}\n",
-                "tables.c.versioned: versioned tables are not supported yet",
+                "tables:\n  c: {topic: c, global: true, versioned: {history: 1d}}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, as: '.'}\n",
+                "tables.c.versioned: a global table keeps only each key's latest value",
+            ),
+            (
+                "tables:\n  c: {topic: c, versioned: {history: 1d}}\n  a: {topic: a}\ntopology:\n  - from: {table: c}\n  - join: {table: a, as: '.'}\n",
+                "topology[0].from.table: table \"c\" is versioned: a table-table join of versioned tables is not supported yet",
+            ),
+            (
+                "tables:\n  c: {topic: c}\n  a: {topic: a, versioned: {history: 1d}}\ntopology:\n  - from: {table: c}\n  - join: {table: a, as: '.'}\n",
+                "topology[1].join.table: table \"a\" is versioned",
             ),
             (
                 "tables:\n  c: {topic: c}\ntopology:\n  - from: {topic: o}\n  - groupBy: '.u'\n  - window: {tumbling: 1m, grace: 0s}\n  - count: {store: n}\n  - join: {table: c, as: '.'}\n",
@@ -1125,6 +1151,8 @@ spec:
         }
         // A global table may be looked up by any key, on either side of a groupBy.
         parse_app("tables:\n  c: {topic: c, global: true, key: json}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, key: '.country', as: '.'}\n  - groupBy: '.x'\n  - join: {table: c, as: '.'}\n").expect("valid");
+        // A versioned table joins a stream.
+        parse_app("tables:\n  c: {topic: c, versioned: {history: 1d}}\ntopology:\n  - from: {topic: o}\n  - join: {table: c, type: left, as: '.'}\n").expect("valid");
     }
 
     #[test]

@@ -29,8 +29,9 @@ pub struct TableSpec {
     /// small reference tables looked up by any key.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub global: bool,
-    /// Keep each key's history for this long, so that a join sees the value as of the
-    /// stream record's time (Kafka Streams' versioned stores).
+    /// Keep each key's history for this long, so that a stream-table join sees the value as
+    /// of the stream record's time (Kafka Streams' versioned stores). Not for global tables
+    /// or table-table joins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub versioned: Option<Versioned>,
 }
@@ -38,7 +39,10 @@ pub struct TableSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Versioned {
-    /// How far back in time a lookup may see (Kafka Streams' history retention), e.g. `1d`.
+    /// How far back in time a lookup may see (Kafka Streams' history retention), e.g. `1d`,
+    /// counted back from the latest update's time. A lookup further back sees only a value
+    /// set before it and not changed since (else nothing), and an update further back than
+    /// this is dropped.
     pub history: Duration,
 }
 

@@ -47,6 +47,9 @@ pub enum Case {
     StreamStreamInner,
     /// The customer table left-joined with the account table.
     TableTable,
+    /// Shipments left-joined with the customer table versioned (10 min of history), as of
+    /// each shipment's time.
+    StreamTableVersioned,
 }
 
 impl Case {
@@ -66,6 +69,7 @@ impl Case {
             Case::StreamStream => "stream-stream",
             Case::StreamStreamInner => "stream-stream-inner",
             Case::TableTable => "table-table",
+            Case::StreamTableVersioned => "stream-table-versioned",
         }
     }
 
@@ -90,7 +94,8 @@ impl Case {
             | Case::GlobalTable
             | Case::StreamStream
             | Case::StreamStreamInner
-            | Case::TableTable => return None,
+            | Case::TableTable
+            | Case::StreamTableVersioned => return None,
             Case::TumblingCount | Case::TumblingSuppress | Case::WindowedReduce => Time {
                 size: 10_000,
                 advance: 10_000,
@@ -165,13 +170,14 @@ impl Guarantee {
 }
 
 /// Every join case, in the order they run.
-pub const JOINS: [Case; 6] = [
+pub const JOINS: [Case; 7] = [
     Case::StreamTableInner,
     Case::StreamTableLeft,
     Case::GlobalTable,
     Case::StreamStream,
     Case::StreamStreamInner,
     Case::TableTable,
+    Case::StreamTableVersioned,
 ];
 
 /// Every case × guarantee, in the order they run.

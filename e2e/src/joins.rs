@@ -73,6 +73,7 @@ pub fn sides(case: Case) -> Result<(&'static str, &'static str)> {
         Case::GlobalTable => (ORDERS, COUNTRIES),
         Case::StreamStream | Case::StreamStreamInner => (ORDERS, SHIPMENTS),
         Case::TableTable => (CUSTOMERS, ACCOUNTS),
+        Case::StreamTableVersioned => (SHIPMENTS, CUSTOMERS),
         _ => bail!("{} is not a join case", case.name()),
     })
 }
@@ -123,6 +124,9 @@ pub fn eddy_yaml(
         ),
         Case::TableTable => format!(
             "tables:\n  customers: {{topic: {c}}}\n  accounts: {{topic: {a}}}\ntopology:\n  - from: {{table: customers}}\n  - join: {{table: accounts, type: left, as: '{{name: .name, balance: $right.balance}}'}}\n"
+        ),
+        Case::StreamTableVersioned => format!(
+            "tables:\n  customers: {{topic: {c}, versioned: {{history: 10m}}}}\ntopology:\n  - from: {{topic: {s}, key: string, value: json}}\n  - join: {{table: customers, type: left, as: '{{shipment: .shipment, name: $right.name, tier: $right.tier}}'}}\n"
         ),
         _ => bail!("{} is not a join case", case.name()),
     };
@@ -338,6 +342,11 @@ fn joined(case: Case, left: Option<&Value>, right: Option<&Value>) -> Vec<u8> {
             ("order", field(left, "order")),
             ("shipment", field(right, "shipment")),
         ]),
+        Case::StreamTableVersioned => object(&[
+            ("shipment", field(left, "shipment")),
+            ("name", field(right, "name")),
+            ("tier", field(right, "tier")),
+        ]),
         _ => object(&[
             ("name", field(left, "name")),
             ("balance", field(right, "balance")),
@@ -409,6 +418,7 @@ impl Model {
             Case::GlobalTable => global_table(input),
             Case::StreamStream | Case::StreamStreamInner => stream_stream(case, input),
             Case::TableTable => Ok(table_table(input)),
+            Case::StreamTableVersioned => stream_table_versioned(input),
             _ => bail!("{} is not a join case", case.name()),
         }
     }
@@ -454,6 +464,59 @@ fn stream_table(case: Case, input: &Input) -> Result<Model> {
                     }
                     None => m.dropped += 1,
                 },
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// The versioned case's history: a lookup this far behind the table's stream time (its
+/// latest update's) sees only a value set before it and not changed since.
+pub const HISTORY_MS: i64 = 10 * 60_000;
+
+/// `KStreamKTableJoinProcessor` with a versioned table (`RocksDBVersionedStore`), left: a
+/// shipment joins its customer as of the shipment's time. The table keeps each key's versions
+/// (a tombstone is a version without value); an update older than `HISTORY_MS` behind the
+/// table's stream time (the largest time put) is dropped, one within it goes into history
+/// (replacing a version of the same time). A lookup at `t` sees the latest version at or
+/// before `t` (none, or a tombstone: null); when `t` is more than `HISTORY_MS` behind stream
+/// time only the key's newest version answers, if it is a value from at or before `t`.
+fn stream_table_versioned(input: &Input) -> Result<Model> {
+    let case = Case::StreamTableVersioned;
+    let mut m = Model::default();
+    for p in 0..input.partitions {
+        let mut table: HashMap<&str, BTreeMap<i64, Option<&Value>>> = HashMap::new();
+        let mut stream_time = -1i64;
+        let (shipments, customers) = (input.partition(SHIPMENTS, p), input.partition(CUSTOMERS, p));
+        for (side, r) in merge(&shipments, &customers)? {
+            match (side, &r.value) {
+                (Side::Right, v) => {
+                    if r.ts < stream_time - HISTORY_MS {
+                        continue;
+                    }
+                    stream_time = stream_time.max(r.ts);
+                    table.entry(&r.key).or_default().insert(r.ts, v.as_ref());
+                }
+                (Side::Left, None) => m.dropped += 1,
+                (Side::Left, Some(v)) => {
+                    let versions = table.get(r.key.as_str());
+                    let found = versions.and_then(|vs| {
+                        if r.ts < stream_time - HISTORY_MS {
+                            vs.last_key_value()
+                                .filter(|(t, _)| **t <= r.ts)
+                                .and_then(|(_, v)| *v)
+                        } else {
+                            vs.range(..=r.ts).next_back().and_then(|(_, v)| *v)
+                        }
+                    });
+                    m.emit(
+                        &r.key,
+                        p,
+                        joined(case, Some(v), found),
+                        r.ts,
+                        found.is_some(),
+                    );
+                }
             }
         }
     }
@@ -897,6 +960,55 @@ mod tests {
         );
         let inner = stream_table(Case::StreamTableInner, &i)?;
         assert_eq!((inner.records.len(), inner.dropped), (1, 2));
+        Ok(())
+    }
+
+    /// A versioned table answers as of the shipment's time: a late shipment meets the older
+    /// version, an out-of-order update lands in the history, one older than the history is
+    /// dropped, and a lookup beyond the history sees only a newest version older than it.
+    #[test]
+    fn versioned_lookups_are_as_of_the_record_within_the_history() -> Result<()> {
+        let m = 60_000;
+        let ship = |o, n, ts| rec(0, o, "c1", Some(json!({"shipment": n})), ts);
+        let cust = |o, n: &str, ts| rec(0, o, "c1", Some(json!({"name": n})), ts);
+        let i = input(vec![
+            (
+                SHIPMENTS,
+                vec![
+                    ship(0, 0, 30 * m),
+                    // Late: 25 and 5 min before the stream time of 30 min.
+                    ship(1, 1, 5 * m + 1),
+                    ship(2, 2, 25 * m),
+                    ship(3, 3, 5 * m - 2),
+                    ship(4, 4, 20 * m),
+                ],
+            ),
+            (
+                CUSTOMERS,
+                vec![
+                    cust(0, "a", 1),
+                    cust(1, "b", 10 * m),
+                    cust(2, "c", 29 * m),
+                    // Out of order: 24 to 29 min; 11 min behind is beyond the history.
+                    cust(3, "d", 24 * m),
+                    cust(4, "x", 18 * m),
+                ],
+            ),
+        ]);
+        let got = stream_table_versioned(&i)?;
+        let names: Vec<String> = got
+            .records
+            .iter()
+            .map(|r| {
+                let v: Value = serde_json::from_slice(r.value.as_deref().unwrap_or(b"null"))
+                    .unwrap_or(Value::Null);
+                v["name"].as_str().unwrap_or("null").to_string()
+            })
+            .collect();
+        // 30 min: c. 5 min + 1 ms: beyond the history (stream time 29 min), and the newest
+        // version (c) is later: null. 25 min: d (in history). 5 min - 2 ms: null likewise.
+        // 20 min: b, x having been dropped.
+        assert_eq!(names, ["c", "null", "d", "null", "b"]);
         Ok(())
     }
 

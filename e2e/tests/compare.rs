@@ -73,7 +73,10 @@ fn check_join_rows(rows: &[Row], runs: &[(Case, Guarantee)]) {
             r.label()
         );
         match r.case {
-            Case::StreamTableLeft | Case::StreamStream | Case::TableTable => {
+            Case::StreamTableLeft
+            | Case::StreamStream
+            | Case::TableTable
+            | Case::StreamTableVersioned => {
                 assert!(c.unjoined > 0, "{}: no null right side", r.label())
             }
             _ => assert!(c.dropped > 0, "{}: no order was dropped", r.label()),

@@ -1,7 +1,8 @@
 //! End-to-end tests of tables and joins on a real broker: a stream enriched from a table whose
 //! updates and deletes interleave with the stream in time, the table restored from its
-//! changelog, topics that are not co-partitioned refused with what to do, a global table, and
-//! a windowed stream-stream join whose stores come back from their changelogs.
+//! changelog, a versioned table answering as of each order's time across a wiped disk, topics
+//! that are not co-partitioned refused with what to do, a global table, and a windowed
+//! stream-stream join whose stores come back from their changelogs.
 
 use anyhow::{Context, Result, ensure};
 use eddy_e2e::*;
@@ -228,6 +229,84 @@ fn orders_meet_the_customer_as_of_their_time_and_the_table_survives_a_wiped_disk
         )
     })?;
     ensure!(joined(&output)? == expected, "{}", w.logs());
+    ensure!(w.stop()? == 0);
+    Ok(())
+}
+
+/// A versioned table: late orders meet the customer as they were at the order's time, out of
+/// order updates go into the history, and both the history and the table's stream time come
+/// back from the changelog after a wiped disk (an update older than the history is dropped).
+#[test]
+fn a_versioned_table_answers_as_of_the_order_and_keeps_its_history_across_a_wiped_disk()
+-> Result<()> {
+    let name = unique("as-of");
+    let ([customers, orders, output], _cleanup) =
+        topics(&name, [("customers", 2), ("orders", 2), ("out", 1)])?;
+    let t = recent();
+    let c = |n: &str, at: i64| ("c1".to_string(), Some(n.to_string()), t + at);
+    produce_table(
+        &customers,
+        &[c("Ada", 0), c("Bea", 10_000), c("Cy", 20_000)],
+    )?;
+    let order = |id: i64, at: i64| {
+        (
+            b"c1".to_vec(),
+            json!({"order": id}).to_string().into_bytes(),
+            t + at,
+        )
+    };
+    produce_at(&orders, &[order(1, 25_000)])?;
+    let yaml = app(&name, &customers, &orders, &output, "left").replace(
+        &format!("{{topic: {customers}}}"),
+        &format!("{{topic: {customers}, versioned: {{history: 1m}}}}"),
+    );
+    let dir = tempfile::tempdir()?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    wait_until(DONE, || Ok(!joined(&output)?.is_empty())).with_context(|| w.logs())?;
+    ensure!(w.stop()? == 0);
+
+    std::fs::remove_dir_all(dir.path().join("state"))?;
+    // Dee from 12 s (out of order: Cy's 20 s is newer); Old from 70 s before Ada, more than
+    // the history (1 min) behind the table's stream time (20 s): dropped.
+    produce_table(&customers, &[c("Dee", 12_000), c("Old", -70_000)])?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    ensure!(
+        w.metric("eddy_restored_records_total", &[])? > 0.0,
+        "a wiped state dir restores the table from its changelog"
+    );
+    wait_until(DONE, || {
+        Ok(w.metric("eddy_records_processed_total", &[])? >= 2.0)
+    })
+    .with_context(|| w.logs())?;
+    produce_at(
+        &orders,
+        &[
+            order(2, 5_000),
+            order(3, 13_000),
+            order(4, 15_000),
+            order(5, 25_000),
+            order(6, -60_000),
+        ],
+    )?;
+    wait_until(DONE, || Ok(joined(&output)?.len() >= 6)).with_context(|| w.logs())?;
+    let want: BTreeMap<i64, Value> = [
+        (1, json!("Cy")),
+        (2, json!("Ada")),
+        (3, json!("Dee")),
+        (4, json!("Dee")),
+        (5, json!("Cy")),
+        (6, Value::Null),
+    ]
+    .into_iter()
+    .collect();
+    ensure!(
+        joined(&output)? == want,
+        "{:?}\n{}",
+        joined(&output)?,
+        w.logs()
+    );
     ensure!(w.stop()? == 0);
     Ok(())
 }

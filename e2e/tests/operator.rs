@@ -970,7 +970,7 @@ fn creating_scaling_and_rolling_out_an_app_are_normal_events() -> Result<()> {
 /// A join app under the operator: admitted with its tables, run by a worker pod that reads
 /// the stream and the table's partitions together (orders meet the customer written before
 /// them); one whose table has another partition count is Degraded with `NotCopartitioned`,
-/// and a versioned table, not supported yet, is refused as `InvalidSpec`.
+/// and a versioned global table (Kafka Streams has none either) is refused as `InvalidSpec`.
 #[test]
 fn a_join_app_runs_and_one_not_co_partitioned_is_degraded_with_what_to_do() -> Result<()> {
     let env = env()?;
@@ -1057,7 +1057,11 @@ spec:
     );
     env.apply(
         ns,
-        &app("enrich-versioned", &orders, ", versioned: {history: 1d}"),
+        &app(
+            "enrich-versioned",
+            &orders,
+            ", global: true, versioned: {history: 1d}",
+        ),
     )?;
     env.wait_degraded(ns, "enrich-versioned", "InvalidSpec")?;
     env.delete_apps(ns)?;

@@ -36,6 +36,7 @@ pub mod store;
 pub mod task;
 pub mod topology;
 pub mod updater;
+pub mod versioned;
 pub mod window;
 
 pub use config::{Overrides, WorkerConfig};

@@ -191,6 +191,12 @@ fn describe(cfg: &eddy_worker::config::WorkerConfig) -> String {
                     w.windows,
                     w.retention
                 ),
+                None if st.versioned.is_some() => writeln!(
+                    out,
+                    "  versioned store {} (each key's values by time, history {}) -> {changelog}",
+                    st.name,
+                    st.versioned.unwrap_or_default()
+                ),
                 None if joined && st.ordered => writeln!(
                     out,
                     "  join store {} (records waiting for a partner) -> {changelog}",

@@ -38,6 +38,8 @@ pub struct StoreDef {
     /// Read by range (`KeyValueStore::range`): the record cache keeps its keys in order.
     /// Window stores always do.
     pub ordered: bool,
+    /// Set for a versioned store ([`crate::versioned`]): how long it keeps each key's history.
+    pub versioned: Option<eddy_crds::Duration>,
 }
 
 /// What makes a store a window or session store.
@@ -66,6 +68,7 @@ impl StoreDef {
             forward_to: None,
             window: None,
             ordered: false,
+            versioned: None,
         }
     }
 
@@ -108,6 +111,29 @@ impl StoreDef {
     pub fn in_memory(mut self) -> Self {
         self.in_memory = true;
         self
+    }
+
+    /// A versioned store ([`crate::versioned::VersionedStore`]) keeping each key's history for
+    /// `history`.
+    pub fn versioned(
+        name: &str,
+        key_format: Format,
+        value_format: Format,
+        history: eddy_crds::Duration,
+    ) -> Self {
+        Self {
+            versioned: Some(history),
+            ..Self::key_value(name, key_format, value_format).ordered()
+        }
+    }
+
+    /// The store of table `name` of `spec.tables`: versioned if the table is.
+    pub fn table(name: &str, t: &eddy_crds::TableSpec) -> Self {
+        let store = t.store_name(name);
+        match &t.versioned {
+            Some(v) => Self::versioned(store, t.key, t.value, v.history),
+            None => Self::key_value(store, t.key, t.value),
+        }
     }
 
     /// Read by range ([`crate::processor::KeyValueStore::range`]).
@@ -339,15 +365,11 @@ impl Topology {
             },
         );
         if let Some((name, t)) = source_table {
-            let source = steps::join::TableSource {
-                store: t.store_name(name).to_string(),
-                key_format: t.key,
-                forward: true,
-            };
+            let source = steps::join::TableSource::new(name, t, true);
             cur = cur
                 .processor(move || Box::new(source.clone()))
                 .named(format!("table-{name}"), &[t.store_name(name)])
-                .store(StoreDef::key_value(t.store_name(name), t.key, t.value));
+                .store(StoreDef::table(name, t));
             cur.inputs[0].table = Some(name.to_string());
         }
         let budget = Duration::from_millis(
@@ -562,6 +584,7 @@ impl Topology {
                         value_format: table.value,
                         joiner: compile(i, &j.as_, &steps::JOIN_VARS)?,
                         left: j.kind == eddy_crds::JoinType::Left,
+                        history: table.versioned.as_ref().map(|v| v.history.millis_i64()),
                     };
                     let uses = [join.store.clone()];
                     cur = cur
@@ -603,6 +626,7 @@ impl Topology {
                         forward_to: None,
                         window: None,
                         ordered: true,
+                        versioned: None,
                     });
                     continue;
                 }
@@ -701,6 +725,7 @@ impl Topology {
                 forward_to,
                 window: def,
                 ordered: false,
+                versioned: None,
             });
             vf = value_format;
         }
@@ -733,11 +758,7 @@ fn with_inputs(
         let Some(t) = spec.tables.get(name) else {
             continue;
         };
-        let source = steps::join::TableSource {
-            store: t.store_name(name).to_string(),
-            key_format: t.key,
-            forward: join.is_some(),
-        };
+        let source = steps::join::TableSource::new(name, t, join.is_some());
         sub = sub
             .input(Source {
                 topic: t.topic.clone(),
@@ -747,7 +768,7 @@ fn with_inputs(
             })
             .processor(move || Box::new(source.clone()))
             .named(format!("table-{name}"), &[t.store_name(name)])
-            .store(StoreDef::key_value(t.store_name(name), t.key, t.value));
+            .store(StoreDef::table(name, t));
         if let Some(input) = sub.inputs.last_mut() {
             input.table = Some(name.to_string());
         }

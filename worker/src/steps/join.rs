@@ -1,12 +1,13 @@
 //! Tables and the stream-table join: a table's topic kept in a key-value store (Kafka
 //! Streams' `KTableSource`), and each stream record joined with its key's value there
-//! (`KStreamKTableJoinProcessor`).
+//! (`KStreamKTableJoinProcessor`), as of its time when the table is versioned.
 
 use super::{joined_value, one, vars};
 use crate::expr::{Expr, Val};
 use crate::format;
 use crate::processor::{Context, ProcessError, Processor};
 use crate::record::{Data, Record};
+use crate::versioned::{Put, VersionedStore};
 use crate::window::{split_timestamp, with_timestamp};
 use eddy_crds::{Format, JoinType};
 
@@ -20,6 +21,21 @@ pub struct TableSource {
     /// Pass each update on, and keep each value's timestamp in front of it
     /// ([`crate::window::with_timestamp`]) for the joined result's.
     pub forward: bool,
+    /// A versioned table's history retention, ms: the store keeps versions
+    /// ([`crate::versioned`]).
+    pub history: Option<i64>,
+}
+
+impl TableSource {
+    /// The source of table `name` of `spec.tables`.
+    pub fn new(name: &str, t: &eddy_crds::TableSpec, forward: bool) -> Self {
+        Self {
+            store: t.store_name(name).to_string(),
+            key_format: t.key,
+            forward,
+            history: t.versioned.as_ref().map(|v| v.history.millis_i64()),
+        }
+    }
 }
 
 impl Processor for TableSource {
@@ -30,21 +46,30 @@ impl Processor for TableSource {
             ));
         };
         let key = key.to_bytes(self.key_format).map_err(ProcessError::bad)?;
+        // Kept in the table's own format: a lookup decodes only what it joins.
+        let bytes = match &r.value {
+            Some(Data::Raw { bytes, .. }) => Some(std::borrow::Cow::Borrowed(&bytes[..])),
+            Some(Data::Val(v)) => Some(std::borrow::Cow::Owned(
+                format::encode(Format::Json, v).map_err(ProcessError::bad)?,
+            )),
+            None => None,
+        };
         let mut store = ctx.store(&self.store)?;
-        match &r.value {
-            // Kept in the table's own format: a lookup decodes only what it joins.
-            Some(v) => {
-                let bytes = match v {
-                    Data::Raw { bytes, .. } => std::borrow::Cow::Borrowed(&bytes[..]),
-                    Data::Val(v) => std::borrow::Cow::Owned(
-                        format::encode(Format::Json, v).map_err(ProcessError::bad)?,
-                    ),
-                };
-                match self.forward {
-                    true => store.put(&key, &with_timestamp(r.timestamp, &bytes), r.timestamp),
-                    false => store.put(&key, &bytes, r.timestamp),
-                }
+        if let Some(history) = self.history {
+            let put =
+                VersionedStore::new(store, history).put(&key, bytes.as_deref(), r.timestamp)?;
+            if put == Put::Expired {
+                return Err(ProcessError::Skip(format!(
+                    "a table update older than the versioned table's history ({history} ms) behind its stream time"
+                )));
             }
+            return Ok(());
+        }
+        match bytes {
+            Some(b) if self.forward => {
+                store.put(&key, &with_timestamp(r.timestamp, &b), r.timestamp)
+            }
+            Some(b) => store.put(&key, &b, r.timestamp),
             None => store.delete(&key, r.timestamp),
         }
         if self.forward {
@@ -70,6 +95,8 @@ pub struct StreamTableJoin {
     pub value_format: Format,
     pub joiner: Expr,
     pub left: bool,
+    /// A versioned table's history retention, ms: the lookup is as of the record's time.
+    pub history: Option<i64>,
 }
 
 impl Processor for StreamTableJoin {
@@ -96,7 +123,12 @@ impl Processor for StreamTableJoin {
         };
         let found = match lookup {
             Some(key) if self.global => ctx.global(&self.store, &key)?,
-            Some(key) => ctx.store(&self.store)?.get(&key)?,
+            Some(key) => match self.history {
+                Some(h) => {
+                    VersionedStore::new(ctx.store(&self.store)?, h).get_as_of(&key, r.timestamp)?
+                }
+                None => ctx.store(&self.store)?.get(&key)?,
+            },
             None if self.left => None,
             None => {
                 return Err(ProcessError::Skip(
@@ -281,6 +313,52 @@ mod tests {
             // Table updates emit nothing; the table source only fills the store.
             assert!(d.dropped.is_empty(), "{:?}", d.dropped);
         }
+    }
+
+    #[test]
+    fn a_versioned_table_answers_as_of_the_records_time() {
+        let app = APP.replace("TYPE", "left").replace(
+            "{topic: customers}",
+            "{topic: customers, versioned: {history: 1m}}",
+        );
+        let mut d = Driver::new(&app, 0);
+        d.process_input(1, Some("c1"), Some(r#"{"name":"Ada"}"#), 1_000);
+        d.process_input(1, Some("c1"), Some(r#"{"name":"Bea"}"#), 5_000);
+        d.commit();
+        d.process_input(1, Some("c1"), None, 9_000);
+        // Out of order: Cy from 3 s to Bea's 5 s.
+        d.process_input(1, Some("c1"), Some(r#"{"name":"Cy"}"#), 3_000);
+        for (id, ts) in [(1, 500), (2, 2_000), (3, 4_000), (4, 6_000), (5, 9_500)] {
+            d.process("c1", &format!(r#"{{"id":{id}}}"#), ts);
+        }
+        // Stream time 70 s: 4 s is beyond the 1 min history, the newest version (a
+        // tombstone) does not answer it; an update that old is dropped.
+        d.process_input(1, Some("c2"), Some(r#"{"name":"Di"}"#), 70_000);
+        d.process_input(1, Some("c1"), Some(r#"{"name":"Ed"}"#), 8_000);
+        d.commit();
+        d.process("c1", r#"{"id":6}"#, 4_000);
+        d.process("c2", r#"{"id":7}"#, 1_000);
+        d.process("c2", r#"{"id":8}"#, 80_000);
+        let names: Vec<String> = sent(&d).into_iter().filter_map(|(_, v)| v).collect();
+        assert_eq!(
+            names,
+            [
+                r#"{"order":1,"name":null}"#,
+                r#"{"order":2,"name":"Ada"}"#,
+                r#"{"order":3,"name":"Cy"}"#,
+                r#"{"order":4,"name":"Bea"}"#,
+                r#"{"order":5,"name":null}"#,
+                r#"{"order":6,"name":null}"#,
+                r#"{"order":7,"name":null}"#,
+                r#"{"order":8,"name":"Di"}"#,
+            ]
+        );
+        assert_eq!(
+            d.dropped.len(),
+            1,
+            "the update older than the history: {:?}",
+            d.dropped
+        );
     }
 
     const TABLES: &str = "tables:\n  customers: {topic: customers}\n  accounts: {topic: accounts}\ntopology:\n- from: {table: customers}\n- join: {table: accounts, type: TYPE, as: '{name: .name, balance: $right.balance}', materialize: {store: joined}}\n- to: {topic: out}\n";

@@ -42,6 +42,9 @@ final class Joins {
     static final Duration WITHIN = Duration.ofMinutes(5);
     static final Duration GRACE = Duration.ofMinutes(1);
 
+    /** The versioned case's history retention: the customer table keeps 10 min of history. */
+    static final Duration HISTORY = Duration.ofMinutes(10);
+
     // ------------------------------------------------------------------------------ JSON
 
     static final ObjectMapper MAPPER = new ObjectMapper();
@@ -107,6 +110,13 @@ final class Joins {
     /** `{order: .order, shipment: $right.shipment}` (stream-stream). */
     static JsonNode orderWithShipment(final JsonNode order, final JsonNode shipment) {
         return object("order", field(order, "order"), "shipment", field(shipment, "shipment"));
+    }
+
+    /** `{shipment: .shipment, name: $right.name, tier: $right.tier}` (stream-table-versioned). */
+    static JsonNode shipmentWithCustomer(final JsonNode shipment, final JsonNode customer) {
+        final ObjectNode o = object("shipment", field(shipment, "shipment"), "name", field(customer, "name"));
+        o.set("tier", field(customer, "tier"));
+        return o;
     }
 
     /** `{name: .name, balance: $right.balance}` (table-table). */

@@ -58,6 +58,7 @@ import org.apache.kafka.streams.kstream.KStream;
 import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.SessionStore;
+import org.apache.kafka.streams.state.Stores;
 import org.apache.kafka.streams.state.WindowStore;
 
 /**
@@ -70,7 +71,8 @@ public final class RefApp {
         "usage: java -jar refapp.jar --bootstrap HOST:PORT --app-id ID --case CASE",
         "         (count|sum|latest, or windowed: tumbling-count|tumbling-suppress|hopping-aggregate|",
         "         sliding-count|session-count|windowed-reduce, or joins: stream-table-inner|stream-table-left|",
-        "         global-table|stream-stream|stream-stream-inner|table-table, which also take --right TOPIC)",
+        "         global-table|stream-stream|stream-stream-inner|table-table|stream-table-versioned, which also",
+        "         take --right TOPIC)",
         "         --guarantee at_least_once|exactly_once_v2 --input TOPIC --output TOPIC --state-dir DIR",
         "         [--expect N | --restore-only] [--timeout-s S (1800)] [--poll-ms MS (100)]",
         "         [--config KEY=VALUE]... [--dump-metrics] [--close-when-processed] [--print-tasks]",
@@ -311,7 +313,7 @@ public final class RefApp {
 
     /** The join cases (input from `Generate --joins`; see README "Join cases"). */
     static final List<String> JOINS = List.of("stream-table-inner", "stream-table-left", "global-table",
-        "stream-stream", "stream-stream-inner", "table-table");
+        "stream-stream", "stream-stream-inner", "table-table", "stream-table-versioned");
 
     /** Kafka Streams' internal setting: how often (wall clock) a left join emits unjoined records. */
     static final String EMIT_INTERVAL = "__emit.interval.ms.kstreams.outer.join.spurious.results.fix__";
@@ -375,6 +377,16 @@ public final class RefApp {
                 jsonTable(builder, input, "customers")
                     .leftJoin(jsonTable(builder, right, "accounts"), Joins::customerWithBalance)
                     .toStream()
+                    .to(output, JSON_OUT);
+                break;
+            case "stream-table-versioned":
+                // Shipments left-joined with the customer table as of each shipment's time: the
+                // table keeps 10 min of each customer's history (a versioned store).
+                jsonStream(builder, input)
+                    .leftJoin(builder.table(right, Consumed.with(Serdes.String(), Joins.SERDE),
+                            Materialized.<String, JsonNode>as(
+                                Stores.persistentVersionedKeyValueStore("customers", Joins.HISTORY))),
+                        Joins::shipmentWithCustomer)
                     .to(output, JSON_OUT);
                 break;
             case "count":
