@@ -26,7 +26,7 @@ use crate::record::Origin;
 use crate::restore::{self, RestoreError, Restored};
 pub use crate::status::{Peer, Status};
 use crate::store::{StateResources, StoreError};
-use crate::task::{Position, Task, TaskError, TaskState};
+use crate::task::{Position, Task, TaskError, TaskState, input};
 use crate::updater::{MemoryStores, Updater, UpdaterError};
 use eddy_crds::TaskId;
 use eddy_crds::resource::{TaskRole, TaskStatus, WorkerProblem, WorkerProblemReason};
@@ -165,6 +165,10 @@ struct LagReporter {
     subtopologies: HashMap<String, u32>,
     /// Since when some fetched partition has had no known leader (None: all have one).
     leaderless_since: Mutex<Option<Instant>>,
+    /// Per input partition, the offset librdkafka's fetcher had reached with nothing left in
+    /// its queue, as of the last statistics: what lies before it and never came as a record
+    /// was transaction markers or aborted records.
+    fetched_past: Mutex<HashMap<(String, i32), i64>>,
 }
 
 impl LagReporter {
@@ -178,7 +182,15 @@ impl LagReporter {
                 .flat_map(|s| s.inputs.iter().map(|i| (i.source.topic.clone(), s.id)))
                 .collect(),
             leaderless_since: Mutex::new(None),
+            fetched_past: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// How far librdkafka's fetcher had read `topic`'s `partition`, all of it handed over, as
+    /// of the last statistics (see [`Self::fetched_past`]).
+    fn fetched_past(&self, topic: &str, partition: i32) -> Option<i64> {
+        let map = self.fetched_past.lock().ok()?;
+        map.get(&(topic.to_string(), partition)).copied()
     }
 
     /// How long some fetched partition has had no known leader, as of the last statistics.
@@ -194,7 +206,7 @@ impl LagReporter {
 impl ClientContext for LagReporter {
     fn stats(&self, stats: Statistics) {
         let mut leaderless = false;
-        let mut lags = Vec::new();
+        let (mut lags, mut fetched_past) = (Vec::new(), Vec::new());
         for (topic, t) in stats.topics {
             let sub = self.subtopologies.get(&topic).copied();
             for (p, part) in t.partitions {
@@ -213,7 +225,14 @@ impl ClientContext for LagReporter {
                     partition: p,
                 };
                 lags.push((labels, input_lag(&part)));
+                if part.fetchq_cnt == 0 && part.next_offset >= 0 {
+                    fetched_past.push(((topic.clone(), p), part.next_offset));
+                }
             }
+        }
+        if let Ok(mut map) = self.fetched_past.lock() {
+            map.clear();
+            map.extend(fetched_past);
         }
         self.metrics.set_consumer_lags(lags);
         if let Ok(mut since) = self.leaderless_since.lock() {
@@ -274,6 +293,7 @@ pub fn run(
         backoff: MIN_BACKOFF,
         rejections: 0,
         last_poll_warning: None,
+        paused: Vec::new(),
         updater: None,
         fenced: Vec::new(),
         jobs: Vec::new(),
@@ -379,6 +399,8 @@ struct Manager<'a> {
     updater: Option<Updater>,
     /// Failed-over pods whose transactional id this worker fenced (exactly-once).
     fenced: Vec<String>,
+    /// Input partitions paused while their task holds [`input::PAUSE_AT`] of their records.
+    paused: Vec<(String, i32)>,
     /// Tasks gained and not yet running.
     jobs: Vec<RestoreJob>,
     /// The threads keeping the global tables up to date (started with the first loop).
@@ -453,6 +475,7 @@ impl Manager<'_> {
                 // Closing the old one waits for its pending commits, which may never end.
                 let old = std::mem::replace(&mut self.consumer, c);
                 std::thread::spawn(move || drop(old));
+                self.paused.clear();
             }
             Err(e) => tracing::warn!("re-creating the consumer: {e}"),
         }
@@ -555,6 +578,7 @@ impl Manager<'_> {
                 continue;
             }
             // Bounded batches keep the commit timer honest under a full input.
+            let mut full = Vec::new();
             for _ in 0..2000 {
                 let Some(msg) = self.consumer.poll(Duration::from_millis(50)) else {
                     break;
@@ -586,6 +610,9 @@ impl Manager<'_> {
                     let partition = self.tasks[ti].id.partition;
                     self.tasks[ti]
                         .process_buffered(|i| position(consumer, &i.topic, partition, i.fetched))?;
+                    if self.tasks[ti].inputs[input].buffered() >= input::PAUSE_AT {
+                        full.push((msg.topic().to_string(), msg.partition()));
+                    }
                 } else {
                     self.tasks[ti].process(input, &origin, ts)?;
                 }
@@ -606,6 +633,7 @@ impl Manager<'_> {
                     next_commit = Instant::now();
                 }
             }
+            self.pause_full_inputs(full, &route);
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
@@ -631,6 +659,46 @@ impl Manager<'_> {
             }
         }
         self.commit().map(|_| ())
+    }
+
+    /// Pause input partitions whose task holds [`input::PAUSE_AT`] of their records while it
+    /// waits for another input, and resume those it has processed half of (or no longer
+    /// has): the buffers stay small however long the wait (Kafka Streams'
+    /// `buffered.records.per.partition`).
+    fn pause_full_inputs(&mut self, full: Vec<(String, i32)>, route: &Router) {
+        let tpl = |parts: &[(String, i32)]| {
+            let mut tpl = TopicPartitionList::new();
+            for (t, p) in parts {
+                tpl.add_partition(t, *p);
+            }
+            tpl
+        };
+        let mut full: Vec<_> = full
+            .into_iter()
+            .filter(|f| !self.paused.contains(f))
+            .collect();
+        full.sort();
+        full.dedup();
+        if !full.is_empty() {
+            if let Err(e) = self.consumer.pause(&tpl(&full)) {
+                tracing::warn!("pausing full inputs: {e}");
+            }
+            self.paused.extend(full);
+        }
+        let tasks = &self.tasks;
+        let (resume, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.paused)
+            .into_iter()
+            .partition(|(t, p)| {
+                route
+                    .task(t, *p)
+                    .is_none_or(|(ti, i)| tasks[ti].inputs[i].buffered() <= input::PAUSE_AT / 2)
+            });
+        self.paused = keep;
+        if !resume.is_empty()
+            && let Err(e) = self.consumer.resume(&tpl(&resume))
+        {
+            tracing::warn!("resuming inputs: {e}");
+        }
     }
 
     /// The global tables are restored (their threads start on the first call): tasks are
@@ -1312,19 +1380,33 @@ fn commit_offsets(
 }
 
 /// Where an input stands: at its end when what was fetched (`fetched`: the offset after the
-/// last record fetched, or where the task resumed) reaches the partition's high watermark,
-/// one behind when only that watermark's last offset (perhaps a transaction marker) is left.
-fn position<C: rdkafka::consumer::ConsumerContext>(
-    consumer: &BaseConsumer<C>,
+/// last record fetched, or where the task resumed; else the log start, where a task without
+/// a committed offset begins) reaches the partition's high watermark. Short of it, the rest
+/// may hold no record when it is a single offset, or librdkafka's fetcher read past it all
+/// (transaction markers, aborted records; its statistics say so, up to 5 s late).
+fn position(
+    consumer: &BaseConsumer<LagReporter>,
     topic: &str,
     partition: i32,
     fetched: Option<i64>,
 ) -> Position {
-    match (fetched, high_watermark(consumer, topic, partition)) {
-        (Some(f), Some(h)) if f >= h => Position::AtEnd,
-        (Some(f), Some(h)) if f + 1 == h => Position::OneBehind,
-        (_, Some(_)) => Position::Behind,
-        (_, None) => Position::Unknown,
+    let Some((low, high)) = watermarks(consumer, topic, partition) else {
+        return Position::Unknown;
+    };
+    let Some(f) = fetched.or(low) else {
+        return Position::Behind;
+    };
+    if f >= high {
+        Position::AtEnd
+    } else if f + 1 == high
+        || consumer
+            .context()
+            .fetched_past(topic, partition)
+            .is_some_and(|past| past >= high)
+    {
+        Position::MaybeNoRecord
+    } else {
+        Position::Behind
     }
 }
 
@@ -1371,13 +1453,13 @@ impl Router {
     }
 }
 
-/// The high watermark librdkafka last heard of for a partition (no request: it comes with
-/// every fetch response), if it has heard one.
-fn high_watermark<C: rdkafka::consumer::ConsumerContext>(
+/// The low (if known) and high watermarks librdkafka last heard of for a partition (no
+/// request: they come with every fetch response), if it has heard one.
+fn watermarks<C: rdkafka::consumer::ConsumerContext>(
     consumer: &BaseConsumer<C>,
     topic: &str,
     partition: i32,
-) -> Option<i64> {
+) -> Option<(Option<i64>, i64)> {
     let topic = std::ffi::CString::new(topic).ok()?;
     let (mut low, mut high) = (-1i64, -1i64);
     // SAFETY: the client pointer is valid while `consumer` lives; librdkafka copies nothing
@@ -1392,7 +1474,7 @@ fn high_watermark<C: rdkafka::consumer::ConsumerContext>(
         )
     };
     (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
-        .then_some(high)
+        .then_some(((low >= 0).then_some(low), high))
 }
 
 #[cfg(test)]
