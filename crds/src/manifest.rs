@@ -594,7 +594,7 @@ fn not_versioned(name: &str, table: &crate::TableSpec, field: &str) -> Result<()
         return Err(invalid(
             field.to_string(),
             format!(
-                "table {name:?} is versioned: a table-table join of versioned tables is not supported yet; remove versioned (the join sees each key's latest value), or join a stream to it"
+                "table {name:?} is versioned: so far a versioned table is only joined from a stream (from: {{table}} and table-table joins are not supported on one yet); remove versioned (the table then keeps each key's latest value)"
             ),
         ));
     }
@@ -766,7 +766,7 @@ fn check_tables(
         if t.global && t.versioned.is_some() {
             return Err(invalid(
                 format!("{field}.versioned"),
-                "a global table keeps only each key's latest value (as Kafka Streams: GlobalTables cannot be versioned): remove versioned, or global: true to join it by the stream's key",
+                "a global table keeps only each key's latest value (Kafka Streams refuses versioned global tables too): remove versioned, or remove global: true and join it by the stream's key",
             ));
         }
     }
@@ -1134,7 +1134,7 @@ spec:
             ),
             (
                 "tables:\n  c: {topic: c, versioned: {history: 1d}}\n  a: {topic: a}\ntopology:\n  - from: {table: c}\n  - join: {table: a, as: '.'}\n",
-                "topology[0].from.table: table \"c\" is versioned: a table-table join of versioned tables is not supported yet",
+                "topology[0].from.table: table \"c\" is versioned: so far a versioned table is only joined from a stream",
             ),
             (
                 "tables:\n  c: {topic: c}\n  a: {topic: a, versioned: {history: 1d}}\ntopology:\n  - from: {table: c}\n  - join: {table: a, as: '.'}\n",

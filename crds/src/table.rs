@@ -40,9 +40,9 @@ pub struct TableSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Versioned {
     /// How far back in time a lookup may see (Kafka Streams' history retention), e.g. `1d`,
-    /// counted back from the latest update's time. A lookup further back sees only a value
-    /// set before it and not changed since (else nothing), and an update further back than
-    /// this is dropped.
+    /// counted back from the table's stream time: the latest time of an update of any key in
+    /// the partition. A lookup further back sees only a value set before it and not changed
+    /// since (else nothing), and an update further back than this is dropped.
     pub history: Duration,
 }
 

@@ -43,6 +43,14 @@ pub enum Change {
         /// Stores only the new version has, which start empty (a renamed store is one).
         new_stores: Vec<String>,
     },
+    /// A table's store both versions have, versioned in one and not the other: the new
+    /// version cannot read the old one's state (local or in the changelog).
+    StoreLayout {
+        table: String,
+        store: String,
+        /// The new version's table is versioned.
+        versioned: bool,
+    },
     /// A repartition topic both versions use, written with another key: the records in
     /// flight, keyed the old way, are processed by the new version. Not a loss.
     Rekeyed {
@@ -180,6 +188,19 @@ pub fn compare(old: Version<'_>, new: Version<'_>) -> Vec<Change> {
             });
         }
     }
+    for (table, t) in &new.spec.tables {
+        let Some(o) = old.spec.tables.get(table) else {
+            continue;
+        };
+        let store = t.store_name(table);
+        if o.store_name(table) == store && o.versioned.is_some() != t.versioned.is_some() {
+            changes.push(Change::StoreLayout {
+                table: table.clone(),
+                store: store.to_string(),
+                versioned: t.versioned.is_some(),
+            });
+        }
+    }
     changes
 }
 
@@ -270,6 +291,24 @@ impl fmt::Display for Change {
                     ),
                 }
             }
+            Change::StoreLayout {
+                table,
+                store,
+                versioned,
+            } => write!(
+                f,
+                "table {table} {} versioned: its store {store} keeps {} under the same name, and the new version cannot read the old state (neither on disk nor in the changelog): the table would lose the keys not updated since. Keep versioned as it was, or reset the application (delete its state directories, its internal topics and its consumer group's offsets) so that the table is read again from its topic.",
+                if *versioned {
+                    "becomes"
+                } else {
+                    "is no longer"
+                },
+                if *versioned {
+                    "versions instead of latest values"
+                } else {
+                    "latest values instead of versions"
+                }
+            ),
             Change::StoreDropped {
                 store,
                 changelog,
@@ -366,6 +405,35 @@ mod tests {
         new.topology[2] = pasted(&yaml);
         crate::manifest::validate(&new, "").expect("the suggestion is a valid step");
         assert_eq!(changes(&old, &new), []);
+    }
+
+    #[test]
+    fn a_table_made_versioned_or_not_cannot_read_its_old_state() {
+        let app = |extra: &str| {
+            crate::parse_app(&format!(
+                "tables:\n  c: {{topic: cust{extra}}}\ntopology:\n- from: {{topic: in}}\n- join: {{table: c, as: '.'}}\n"
+            ))
+            .expect("valid")
+            .spec
+        };
+        let (plain, versioned) = (app(""), app(", versioned: {history: 1h}"));
+        let c = changes(&plain, &versioned);
+        assert_eq!(
+            c,
+            [Change::StoreLayout {
+                table: "c".into(),
+                store: "c".into(),
+                versioned: true
+            }]
+        );
+        assert!(c[0].loses_data());
+        assert!(
+            c[0].to_string().contains("reset the application"),
+            "{}",
+            c[0]
+        );
+        assert_eq!(changes(&versioned, &plain).len(), 1);
+        assert_eq!(changes(&versioned, &versioned), []);
     }
 
     #[test]

@@ -460,7 +460,10 @@ impl TaskDb {
 
     /// The keys and values of a key-value store in `[from, to)`, in key order.
     pub fn range(&self, store: &str, from: &[u8], to: &[u8]) -> Result<Entries, StoreError> {
-        let mut it = self.db.raw_iterator_cf(self.cf(store)?);
+        // The bound lets RocksDB stop at `to` instead of stepping over deleted keys past it.
+        let mut opts = rocksdb::ReadOptions::default();
+        opts.set_iterate_upper_bound(to.to_vec());
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(store)?, opts);
         it.seek(from);
         let mut out = Vec::new();
         while let (Some(k), Some(v)) = (it.key(), it.value()) {

@@ -49,7 +49,7 @@ struct Args {
     /// tumbling-suppress, hopping-aggregate, sliding-count, session-count, windowed-reduce,
     /// stream-table-inner, stream-table-left, global-table, stream-stream, stream-stream-inner,
     /// table-table, stream-table-versioned : at_least_once|exactly_once) or a bare CASE (both guarantees), or `keyed`
-    /// (count and sum), `windowed` (the six windowed cases), `joins` (the six join cases), `all`
+    /// (count and sum), `windowed` (the six windowed cases), `joins` (the seven join cases), `all`
     /// (keyed and windowed) [default: all].
     #[arg(long, conflicts_with = "curve")]
     cases: Option<String>,

@@ -56,6 +56,11 @@ impl Processor for TableSource {
         };
         let mut store = ctx.store(&self.store)?;
         if let Some(history) = self.history {
+            // Validation refuses versioned tables where updates go on (`from: {table}`).
+            debug_assert!(
+                !self.forward,
+                "a versioned table's updates are not forwarded"
+            );
             let put =
                 VersionedStore::new(store, history).put(&key, bytes.as_deref(), r.timestamp)?;
             if put == Put::Expired {
