@@ -51,4 +51,9 @@ impl TableSpec {
     pub fn store_name<'a>(&'a self, table: &'a str) -> &'a str {
         self.store.as_deref().unwrap_or(table)
     }
+
+    /// A versioned table's history, ms (None: not versioned).
+    pub fn history_ms(&self) -> Option<i64> {
+        self.versioned.as_ref().map(|v| v.history.millis_i64())
+    }
 }

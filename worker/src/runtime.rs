@@ -578,7 +578,6 @@ impl Manager<'_> {
                 continue;
             }
             // Bounded batches keep the commit timer honest under a full input.
-            let mut full = Vec::new();
             for _ in 0..2000 {
                 let Some(msg) = self.consumer.poll(Duration::from_millis(50)) else {
                     break;
@@ -610,9 +609,6 @@ impl Manager<'_> {
                     let partition = self.tasks[ti].id.partition;
                     self.tasks[ti]
                         .process_buffered(|i| position(consumer, &i.topic, partition, i.fetched))?;
-                    if self.tasks[ti].inputs[input].buffered() >= input::PAUSE_AT {
-                        full.push((msg.topic().to_string(), msg.partition()));
-                    }
                 } else {
                     self.tasks[ti].process(input, &origin, ts)?;
                 }
@@ -633,7 +629,7 @@ impl Manager<'_> {
                     next_commit = Instant::now();
                 }
             }
-            self.pause_full_inputs(full, &route);
+            self.pause_full_inputs(&route);
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
@@ -665,7 +661,7 @@ impl Manager<'_> {
     /// waits for another input, and resume those it has processed half of (or no longer
     /// has): the buffers stay small however long the wait (Kafka Streams'
     /// `buffered.records.per.partition`).
-    fn pause_full_inputs(&mut self, full: Vec<(String, i32)>, route: &Router) {
+    fn pause_full_inputs(&mut self, route: &Router) {
         let tpl = |parts: &[(String, i32)]| {
             let mut tpl = TopicPartitionList::new();
             for (t, p) in parts {
@@ -673,12 +669,17 @@ impl Manager<'_> {
             }
             tpl
         };
-        let mut full: Vec<_> = full
-            .into_iter()
+        let full: Vec<(String, i32)> = self
+            .tasks
+            .iter()
+            .flat_map(|t| {
+                t.inputs
+                    .iter()
+                    .filter(|i| i.buffered() >= input::PAUSE_AT)
+                    .map(|i| (i.topic.clone(), t.id.partition))
+            })
             .filter(|f| !self.paused.contains(f))
             .collect();
-        full.sort();
-        full.dedup();
         if !full.is_empty() {
             if let Err(e) = self.consumer.pause(&tpl(&full)) {
                 tracing::warn!("pausing full inputs: {e}");

@@ -584,7 +584,7 @@ impl Topology {
                         value_format: table.value,
                         joiner: compile(i, &j.as_, &steps::JOIN_VARS)?,
                         left: j.kind == eddy_crds::JoinType::Left,
-                        history: table.versioned.as_ref().map(|v| v.history.millis_i64()),
+                        history: table.history_ms(),
                     };
                     let uses = [join.store.clone()];
                     cur = cur

@@ -115,11 +115,6 @@ impl<'a> VersionedStore<'a> {
         Ok(versions.swap_remove(at).1)
     }
 
-    /// `key`'s newest value (`None` if deleted).
-    pub fn latest(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, ProcessError> {
-        Ok(self.versions(key)?.pop().and_then(|(_, v)| v))
-    }
-
     /// Put `key`'s value (`None`: a delete) valid from `ts`, replacing a version of the same
     /// time. As Kafka Streams: a put older than the history retention before the observed
     /// stream time is dropped; an older one within it goes into the key's history. Versions
@@ -147,19 +142,15 @@ impl<'a> VersionedStore<'a> {
         // A version is valid until the next one's time: once that is at or before the cutoff
         // no lookup reaches it (the newest version is never removed; an expired newest
         // tombstone answers as nothing would, so it goes too, with all before it).
-        let mut times: Vec<i64> = versions.iter().map(|(t, _)| *t).collect();
-        if let Err(at) = times.binary_search(&ts) {
-            times.insert(at, ts);
+        let mut times: Vec<(i64, bool)> = versions.iter().map(|(t, v)| (*t, v.is_none())).collect();
+        match times.binary_search_by_key(&ts, |(t, _)| *t) {
+            Ok(at) => times[at].1 = value.is_none(),
+            Err(at) => times.insert(at, (ts, value.is_none())),
         }
-        let newest_is_tombstone = match latest {
-            true => value.is_none(),
-            false => versions.last().is_some_and(|(_, v)| v.is_none()),
-        };
-        for (i, t) in times.iter().enumerate() {
-            let valid_to = times.get(i + 1).copied();
-            let gone = match valid_to {
-                Some(to) => to <= cutoff,
-                None => newest_is_tombstone && *t <= cutoff,
+        for (i, (t, tombstone)) in times.iter().enumerate() {
+            let gone = match times.get(i + 1) {
+                Some((next, _)) => *next <= cutoff,
+                None => *tombstone && *t <= cutoff,
             };
             if !gone {
                 break;
@@ -229,7 +220,7 @@ mod tests {
             assert_eq!(st.get_as_of(b"k", 20)?, s(b"b"));
             assert_eq!(st.get_as_of(b"k", 35)?, None);
             assert_eq!(st.get_as_of(b"k", 1000)?, s(b"c"));
-            assert_eq!(st.latest(b"k")?, s(b"c"));
+            assert_eq!(st.get_as_of(b"k", i64::MAX)?, s(b"c"), "the newest value");
             // Another key that starts with this one shares none of its versions.
             st.put(b"k1", Some(b"x"), 15)?;
             assert_eq!(st.get_as_of(b"k", 16)?, s(b"a"));
@@ -252,7 +243,7 @@ mod tests {
             assert_eq!(st.put(b"k", Some(b"B"), 20)?, Put::History);
             assert_eq!(st.get_as_of(b"k", 24)?, s(b"B"));
             assert_eq!(st.put(b"k", Some(b"C"), 30)?, Put::Latest);
-            assert_eq!(st.latest(b"k")?, s(b"C"));
+            assert_eq!(st.get_as_of(b"k", i64::MAX)?, s(b"C"), "the newest value");
             Ok(())
         })
     }

@@ -33,7 +33,7 @@ impl TableSource {
             store: t.store_name(name).to_string(),
             key_format: t.key,
             forward,
-            history: t.versioned.as_ref().map(|v| v.history.millis_i64()),
+            history: t.history_ms(),
         }
     }
 }
