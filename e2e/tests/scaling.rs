@@ -109,7 +109,7 @@ fn scale(env: &Operated, ns: &str, app: &str, replicas: usize) -> Result<()> {
     Ok(())
 }
 
-/// Restored records per task (`eddy_restored_records_total`) of a running worker pod.
+/// Records processed per task (`eddy_records_processed_total`) of a running worker pod.
 fn processed(env: &Operated, ns: &str, pod: &str, task: &str) -> Result<f64> {
     let text = env.pod_metrics(ns, pod)?;
     Ok(sum_metric(
@@ -119,6 +119,7 @@ fn processed(env: &Operated, ns: &str, pod: &str, task: &str) -> Result<f64> {
     ))
 }
 
+/// Records restored per task (`eddy_restored_records_total`) of a running worker pod.
 fn restored(env: &Operated, ns: &str, pod: &str, task: &str) -> Result<f64> {
     let text = env.pod_metrics(ns, pod)?;
     Ok(sum_metric(
@@ -310,10 +311,13 @@ fn a_deleted_pods_tasks_resume_on_their_standbys_from_a_tail() -> Result<()> {
         processed_before.insert(task.clone(), processed(env, ns, pod, task)?);
     }
 
+    // The pod stays away until its tasks have run elsewhere, as after the loss of its node: a
+    // quota of two pods keeps the StatefulSet from recreating it (else it is back within a
+    // second and may get a task back before the standby's pod processed a record of it).
+    let quota = "apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: hold}\nspec: {hard: {pods: \"2\"}}\n";
+    env.apply(ns, quota)?;
     env.kubectl(&["-n", ns, "delete", "pod", victim, "--wait=false"], None)?;
-    // Each task processes records on its standby's pod. Read from that worker's counter, not
-    // from the status: the deleted pod comes back within a second and gets its tasks back, so
-    // a report showing the task RUNNING on the standby's pod may never be written.
+    // Each task processes records on its standby's pod (that worker's counter).
     let mut seen: BTreeMap<String, bool> = moved.iter().map(|(t, _)| (t.clone(), false)).collect();
     wait_until(WAIT, || {
         for (task, pod) in &moved {
@@ -340,7 +344,22 @@ fn a_deleted_pods_tasks_resume_on_their_standbys_from_a_tail() -> Result<()> {
         );
     }
 
-    // The deleted pod comes back and the app settles; nothing was counted twice or lost.
+    // The deleted pod comes back (the StatefulSet is touched so its controller retries the
+    // create now rather than after its backoff) and the app settles; nothing was counted twice
+    // or lost.
+    env.kubectl(&["-n", ns, "delete", "resourcequota", "hold"], None)?;
+    env.kubectl(
+        &[
+            "-n",
+            ns,
+            "annotate",
+            "statefulset",
+            "sb",
+            "eddy.test/quota-lifted=1",
+            "--overwrite",
+        ],
+        None,
+    )?;
     wait_settled(env, ns, "sb", 3)?;
     let sent = load.stop()?;
     wait_until(WAIT, || {
