@@ -1103,6 +1103,7 @@ pub fn to_json(o: &Options, rows: &[Row]) -> Value {
                 "joined": c.joined,
                 "unjoined": c.unjoined,
                 "dropped_records": c.dropped,
+                "kstreams_keys_unlike_the_model": c.kstreams_deviations,
             })),
             "eddy_ran": r.eddy_ran,
             "eddy": r.eddy_ran.then(|| m(&r.eddy, r.records)),

@@ -709,6 +709,8 @@ pub struct Checked {
     pub unjoined: usize,
     /// Stream records that produced nothing (inner misses).
     pub dropped: usize,
+    /// Table-table: keys on which Kafka Streams' final table differs from the model's.
+    pub kstreams_deviations: usize,
     /// One line for the log.
     pub summary: String,
 }
@@ -784,7 +786,8 @@ fn final_table(records: &[Out]) -> Table {
     t
 }
 
-fn diff_tables(case: Case, a_name: &str, a: &Table, b_name: &str, b: &Table) -> Result<()> {
+/// The keys on which two final tables differ, one line each.
+fn table_diffs(a_name: &str, a: &Table, b_name: &str, b: &Table) -> Vec<String> {
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
     keys.sort();
     keys.dedup();
@@ -793,8 +796,7 @@ fn diff_tables(case: Case, a_name: &str, a: &Table, b_name: &str, b: &Table) -> 
             format!("{} in partition {p}", String::from_utf8_lossy(v))
         })
     };
-    let diffs: Vec<String> = keys
-        .iter()
+    keys.iter()
         .filter(|k| a.get(**k) != b.get(**k))
         .map(|k| {
             format!(
@@ -803,13 +805,16 @@ fn diff_tables(case: Case, a_name: &str, a: &Table, b_name: &str, b: &Table) -> 
                 f(b.get(*k))
             )
         })
-        .collect();
+        .collect()
+}
+
+fn diff_tables(case: Case, a_name: &str, a: &Table, b_name: &str, b: &Table) -> Result<()> {
+    let diffs = table_diffs(a_name, a, b_name, b);
     if !diffs.is_empty() {
         bail!(
-            "{}: {} of {} keys of the final table differ ({a_name} {} keys, {b_name} {}); first ones:\n{}",
+            "{}: {} keys of the final table differ ({a_name} {} keys, {b_name} {}); first ones:\n{}",
             case.name(),
             diffs.len(),
-            keys.len(),
             a.len(),
             b.len(),
             diffs[..diffs.len().min(10)].join("\n")
@@ -820,7 +825,9 @@ fn diff_tables(case: Case, a_name: &str, a: &Table, b_name: &str, b: &Table) -> 
 
 /// Compare eddy's output (when it ran) with Kafka Streams', then Kafka Streams' with the model.
 /// Stream cases: the same records per key, in the same order (value bytes, timestamp,
-/// partition); table-table: the same final table (value bytes, partition).
+/// partition); table-table: eddy's final table is the model's (value bytes, partition), and
+/// where Kafka Streams' differs from it the keys are counted, not failed: at a million records
+/// its table-table output changes from run to run (see docs/benchmarks.md).
 pub fn compare(case: Case, input: &Input, eddy_out: Option<&str>, ks_out: &str) -> Result<Checked> {
     let k = read_output(ks_out)?;
     let e = eddy_out.map(read_output).transpose()?;
@@ -833,23 +840,38 @@ pub fn compare(case: Case, input: &Input, eddy_out: Option<&str>, ks_out: &str) 
     };
     if case == Case::TableTable {
         let kt = final_table(&k);
-        if let Some(e) = &e {
-            diff_tables(case, "eddy", &final_table(e), "Kafka Streams", &kt)?;
+        let et = e.as_deref().map(final_table);
+        if let Some(et) = &et {
+            diff_tables(case, "eddy", et, "the model", &model.table)?;
         }
-        diff_tables(case, "Kafka Streams", &kt, "the model", &model.table)?;
-        (c.outputs, c.keys) = (kt.len(), kt.len());
-        c.summary = format!(
-            "final tables agree{}: {} customers ({} with an account, {} without), from {} Kafka Streams records; they match the model",
-            if e.is_some() {
-                ""
-            } else {
-                " (Kafka Streams only)"
-            },
-            kt.len(),
+        let ks_diffs = table_diffs("Kafka Streams", &kt, "the model", &model.table);
+        c.kstreams_deviations = ks_diffs.len();
+        let table = et.as_ref().unwrap_or(&kt);
+        (c.outputs, c.keys) = (table.len(), table.len());
+        let counts = format!(
+            "{} customers ({} with an account, {} without)",
+            model.table.len(),
             model.joined,
-            model.unjoined,
-            k.len()
+            model.unjoined
         );
+        c.summary = match (et.is_some(), ks_diffs.is_empty()) {
+            (true, true) => {
+                format!("eddy's and Kafka Streams' final tables are the model's: {counts}")
+            }
+            (false, true) => format!("Kafka Streams' final table is the model's: {counts}"),
+            (true, false) => format!("eddy's final table is the model's: {counts}; Kafka Streams'"),
+            (false, false) => format!("the model's final table: {counts}; Kafka Streams'"),
+        };
+        if !ks_diffs.is_empty() {
+            c.summary = format!(
+                "{} ({} keys from {} records) differs from it on {} keys, first ones:\n{}",
+                c.summary,
+                kt.len(),
+                k.len(),
+                ks_diffs.len(),
+                ks_diffs[..ks_diffs.len().min(5)].join("\n")
+            );
+        }
     } else {
         let ks = by_key(&k);
         if let Some(e) = &e {
