@@ -131,6 +131,11 @@ impl StateResources {
         o.set_block_based_table_factory(&t);
         o.set_write_buffer_size(16 << 20);
         o.set_max_write_buffer_number(3);
+        // A Bloom filter over each memtable's keys: most gets are of keys a store does not
+        // hold yet (a new key, a join's first record at a time), and without it each such get
+        // searches every memtable's skiplist.
+        o.set_memtable_prefix_bloom_ratio(0.02);
+        o.set_memtable_whole_key_filtering(true);
         o.set_compression_type(rocksdb::DBCompressionType::Lz4);
         o
     }
@@ -149,6 +154,10 @@ pub struct TaskDb {
     write: WriteOptions,
     /// Window stores' families: their keys are laid out by segment (see [`crate::window`]).
     segments: std::collections::HashMap<String, Segments>,
+    /// Per window store, the end of the range [`TaskDb::expire`] last deleted: a commit that
+    /// expires nothing new writes no range tombstone (each one slows later reads until
+    /// compaction drops it).
+    expired_to: std::collections::HashMap<String, Vec<u8>>,
     /// The families' options, for SST files built outside the database (see
     /// [`TaskDb::ingest`]) so they have the same format as RocksDB's own.
     sst_options: Options,
@@ -218,6 +227,7 @@ impl TaskDb {
                 .collect(),
             write: WriteOptions::default(),
             segments: Default::default(),
+            expired_to: Default::default(),
             sst_options: res.cf_options(),
         };
         let reconciled = db.reconcile(&existing, stores)?;
@@ -323,18 +333,23 @@ impl TaskDb {
 
     /// Drop the segments of a window store that hold only windows starting before `before`:
     /// one range deletion, whose files compaction discards without reading them.
-    pub fn expire(&self, store: &str, before: i64) -> Result<(), StoreError> {
-        let Some(range) = self
+    pub fn expire(&mut self, store: &str, before: i64) -> Result<(), StoreError> {
+        let Some((from, to)) = self
             .segments
             .get(store)
             .and_then(|s| s.expired_range(before))
         else {
             return Ok(());
         };
+        if self.expired_to.get(store) == Some(&to) {
+            return Ok(());
+        }
         let cf = self.cf(store)?;
         let mut batch = WriteBatch::default();
-        batch.delete_range_cf(cf, range.0, range.1);
-        self.rocks(self.db.write_opt(batch, &self.write))
+        batch.delete_range_cf(cf, &from, &to);
+        self.rocks(self.db.write_opt(batch, &self.write))?;
+        self.expired_to.insert(store.to_string(), to);
+        Ok(())
     }
 
     /// Remove the database of a task that has no persistent store any more. Opening it first
@@ -1032,7 +1047,7 @@ mod tests {
                 .expect("segments")
         };
         {
-            let (db, cleared) = open(seg);
+            let (mut db, cleared) = open(seg);
             assert!(cleared.is_empty());
             let (old, live) = (key(b"k", 10_000), key(b"k", 250_000));
             for k in [&old, &live] {

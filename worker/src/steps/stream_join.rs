@@ -49,6 +49,8 @@ pub struct StreamStreamJoin {
     observed: [i64; 2],
     /// Where the outer store's scan starts mattering (see the module doc).
     min_time: i64,
+    /// The stream time of the last scan of the outer store, if any since the task started.
+    scanned_at: Option<i64>,
 }
 
 impl StreamStreamJoin {
@@ -73,6 +75,7 @@ impl StreamStreamJoin {
             stream_time: -1,
             observed: [-1, -1],
             min_time: i64::MAX,
+            scanned_at: None,
         }
     }
 
@@ -115,7 +118,13 @@ impl StreamStreamJoin {
             return Ok(());
         }
         self.min_time = i64::MAX;
-        let held = ctx.store(name)?.range(&[], &[0xff; 10])?;
+        // What the last scan left is not yet closed at its stream time, and what was held
+        // since is at most `within` older than that: start there, past the deleted entries.
+        let from = match self.scanned_at {
+            Some(t) => held_key(t.saturating_sub(self.within + self.grace), 1, &[]),
+            None => Vec::new(),
+        };
+        let held = ctx.store(name)?.range(&from, &[0xff; 10])?;
         let mut closed = Vec::new();
         let mut open = [false; 2];
         for (k, v) in held {
@@ -150,6 +159,8 @@ impl StreamStreamJoin {
             let ts = split_held(&k).map_or(self.stream_time, |(ts, _, _)| ts);
             store.delete(&k, ts);
         }
+        // Only now: a joiner that failed above leaves its records to the next scan.
+        self.scanned_at = Some(self.stream_time);
         Ok(())
     }
 }
@@ -229,14 +240,21 @@ impl Processor for StreamStreamJoin {
                 ctx.forward(out);
             }
         }
+        // This side's records of the key at this time so far (usually none).
+        let own = ctx.window_store(&self.sides[this].store)?.get(&key, ts)?;
         if !joined && self.sides[this].outer {
             match &self.outer_store {
                 Some(outer) if to >= self.stream_time => {
                     self.min_time = self.min_time.min(ts);
                     let held = held_key(ts, this, &key);
                     let mut store = ctx.store(outer)?;
-                    let list = appended(store.get(&held)?, &value);
-                    store.put(&held, &list, ts);
+                    // A held record is in its side's window store too (kept longer), so
+                    // without one there the outer store has none: no lookup that would miss.
+                    let before = match own {
+                        Some(_) => store.get(&held)?,
+                        None => None,
+                    };
+                    store.put(&held, &appended(before, &value), ts);
                 }
                 // Its window has already passed: nothing can join it any more.
                 _ => {
@@ -250,9 +268,9 @@ impl Processor for StreamStreamJoin {
                 }
             }
         }
-        let mut store = ctx.window_store(&self.sides[this].store)?;
-        let list = appended(store.get(&key, ts)?, &value);
-        store.put(&key, ts, &list, ts);
+        let list = appended(own, &value);
+        ctx.window_store(&self.sides[this].store)?
+            .put(&key, ts, &list, ts);
         self.observed[this] = self.observed[this].max(ts);
         Ok(())
     }

@@ -216,7 +216,7 @@ impl Task {
             let Some(before) = s.expired_before() else {
                 continue;
             };
-            match (&self.db, s.is_in_memory()) {
+            match (&mut self.db, s.is_in_memory()) {
                 (_, true) => s.expire_in_memory(before),
                 (Some(db), false) => db.expire(&s.name, before)?,
                 (None, false) => {}
