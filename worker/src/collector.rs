@@ -156,12 +156,14 @@ impl Collector {
         if let Some(h) = headers {
             rec = rec.headers(h);
         }
-        let deadline = Instant::now() + QUEUE_FULL_WAIT;
+        // Read the clock only once the queue is full, not for every record sent.
+        let mut deadline = None;
         loop {
             match self.producer.send(rec) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
-                    if Instant::now() < deadline =>
+                    if Instant::now()
+                        < *deadline.get_or_insert_with(|| Instant::now() + QUEUE_FULL_WAIT) =>
                 {
                     // Wait for deliveries to free queue space; the polling thread serves them.
                     self.producer.poll(Duration::from_millis(5));
