@@ -854,24 +854,23 @@ pub fn compare(case: Case, input: &Input, eddy_out: Option<&str>, ks_out: &str) 
             model.joined,
             model.unjoined
         );
-        c.summary = match (et.is_some(), ks_diffs.is_empty()) {
-            (true, true) => {
-                format!("eddy's and Kafka Streams' final tables are the model's: {counts}")
-            }
-            (false, true) => format!("Kafka Streams' final table is the model's: {counts}"),
-            (true, false) => format!("eddy's final table is the model's: {counts}; Kafka Streams'"),
-            (false, false) => format!("the model's final table: {counts}; Kafka Streams'"),
-        };
-        if !ks_diffs.is_empty() {
-            c.summary = format!(
-                "{} ({} keys from {} records) differs from it on {} keys, first ones:\n{}",
-                c.summary,
+        let ks_note = (!ks_diffs.is_empty()).then(|| {
+            format!(
+                "Kafka Streams' ({} keys from {} records) differs from it on {} keys, first ones:\n{}",
                 kt.len(),
                 k.len(),
                 ks_diffs.len(),
                 ks_diffs[..ks_diffs.len().min(5)].join("\n")
-            );
-        }
+            )
+        });
+        c.summary = match (et.is_some(), ks_note) {
+            (true, None) => {
+                format!("eddy's and Kafka Streams' final tables are the model's: {counts}")
+            }
+            (false, None) => format!("Kafka Streams' final table is the model's: {counts}"),
+            (true, Some(n)) => format!("eddy's final table is the model's: {counts}; {n}"),
+            (false, Some(n)) => format!("the model's final table: {counts}; {n}"),
+        };
     } else {
         let ks = by_key(&k);
         if let Some(e) = &e {

@@ -578,7 +578,7 @@ impl Manager<'_> {
                 continue;
             }
             // Bounded batches keep the commit timer honest under a full input.
-            for n in 0..2000u32 {
+            for _ in 0..2000 {
                 let Some(msg) = self.consumer.poll(Duration::from_millis(50)) else {
                     break;
                 };
@@ -614,11 +614,8 @@ impl Manager<'_> {
                 }
                 if self.tasks[ti].wants_commit() {
                     next_commit = Instant::now();
-                    break;
                 }
-                // The clock every 32 messages: a commit comes at most that many late, and
-                // the time is not read for every record.
-                if n % 32 == 31 && Instant::now() >= next_commit {
+                if Instant::now() >= next_commit {
                     break;
                 }
             }
