@@ -11,12 +11,13 @@
 
 use crate::window::Segments;
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, Env, FlushOptions,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRawIterator, Env, FlushOptions,
     IngestExternalFileOptions, Options, WriteBatch, WriteBufferManager, WriteOptions,
 };
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 const META_CF: &str = "eddy-meta";
 /// RocksDB's own family, always present: it cannot be dropped, only emptied.
@@ -148,6 +149,12 @@ impl StateResources {
 
 /// One task's RocksDB instance.
 pub struct TaskDb {
+    /// An iterator per family, kept until the next write: the database changes only when a
+    /// commit (or a restore) writes, so between writes one iterator serves every range read
+    /// and window fetch, where creating one per read cost a stream-stream join ~15 % of its
+    /// throughput. An iterator pins the memtables and files it was made over, until that next
+    /// write. First field: dropped before `db`, whose C++ object the iterators point into.
+    iterators: Mutex<HashMap<String, DBRawIterator<'static>>>,
     db: DB,
     path: PathBuf,
     families: Vec<String>,
@@ -218,6 +225,7 @@ impl TaskDb {
             }
         })?;
         let mut db = Self {
+            iterators: Mutex::default(),
             db,
             path: path.to_path_buf(),
             families: stores
@@ -274,9 +282,10 @@ impl TaskDb {
         if !stores.iter().any(|s| s == DEFAULT_CF) && self.clear_into(&mut batch, DEFAULT_CF)? {
             out.dropped.push(DEFAULT_CF.to_string());
         }
-        self.rocks(self.db.write_opt(batch, &self.write))?;
+        self.write_batch(batch)?;
         for e in existing {
             if e != META_CF && e != DEFAULT_CF && !stores.contains(e) {
+                self.forget_iterators();
                 let dropped = self.db.drop_cf(e);
                 self.rocks(dropped)?;
                 out.dropped.push(e.clone());
@@ -318,7 +327,7 @@ impl TaskDb {
                 batch.put_cf(meta, &key, &want);
             }
         }
-        self.rocks(self.db.write_opt(batch, &self.write))?;
+        self.write_batch(batch)?;
         self.segments = stores.iter().cloned().collect();
         Ok((self, cleared))
     }
@@ -347,7 +356,7 @@ impl TaskDb {
         let cf = self.cf(store)?;
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(cf, &from, &to);
-        self.rocks(self.db.write_opt(batch, &self.write))?;
+        self.write_batch(batch)?;
         self.expired_to.insert(store.to_string(), to);
         Ok(())
     }
@@ -381,6 +390,44 @@ impl TaskDb {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Write a batch. Every write goes through here: kept iterators would not see it.
+    fn write_batch(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        self.forget_iterators();
+        self.rocks(self.db.write_opt(batch, &self.write))
+    }
+
+    fn forget_iterators(&self) {
+        self.iterators
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// Run `read` with `store`'s kept iterator (made on first use since the last write).
+    fn with_iterator<T>(
+        &self,
+        store: &str,
+        read: impl FnOnce(&mut DBRawIterator<'static>) -> T,
+    ) -> Result<T, StoreError> {
+        let mut kept = self
+            .iterators
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !kept.contains_key(store) {
+            let it = self.db.raw_iterator_cf(self.cf(store)?);
+            // SAFETY: the iterator only borrows `self.db` for its lifetime; it is kept in
+            // `self.iterators`, which is dropped before `self.db` and emptied before every
+            // write, ingestion, flush and family drop, so it never outlives the database or
+            // reads a family that is gone. The C++ database does not move with `self`.
+            let it: DBRawIterator<'static> = unsafe { std::mem::transmute(it) };
+            kept.insert(store.to_string(), it);
+        }
+        let it = kept
+            .get_mut(store)
+            .ok_or_else(|| StoreError::Unknown(store.to_string()))?;
+        Ok(read(it))
     }
 
     fn rocks<T>(&self, r: Result<T, rocksdb::Error>) -> Result<T, StoreError> {
@@ -418,33 +465,35 @@ impl TaskDb {
         let (lo, hi) = seg.schema.bounds(inner, from, to);
         let (first, last) = (seg.segment(from), seg.segment(to));
         let mut out = Vec::new();
-        let mut it = self.db.raw_iterator_cf(self.cf(store)?);
-        let mut segment = first;
-        while segment <= last {
-            it.seek([&Segments::prefix(segment)[..], &lo].concat());
-            segment = loop {
-                let Some(k) = it.key() else {
-                    break i64::MAX;
+        let status = self.with_iterator(store, |it| {
+            let mut segment = first;
+            while segment <= last {
+                it.seek([&Segments::prefix(segment)[..], &lo].concat());
+                segment = loop {
+                    let Some(k) = it.key() else {
+                        break i64::MAX;
+                    };
+                    match Segments::segment_of(k) {
+                        // A later segment holds keys: go on from there.
+                        Some(s) if s != segment => break s,
+                        Some(_) => {}
+                        None => break i64::MAX,
+                    }
+                    let key = seg.changelog_key(k);
+                    if key > hi.as_slice() {
+                        break segment + 1;
+                    }
+                    if seg.schema.matches(key, inner, from, to)
+                        && let Some(v) = it.value()
+                    {
+                        out.push((key.to_vec(), v.to_vec()));
+                    }
+                    it.next();
                 };
-                match Segments::segment_of(k) {
-                    // A later segment holds keys: go on from there.
-                    Some(s) if s != segment => break s,
-                    Some(_) => {}
-                    None => break i64::MAX,
-                }
-                let key = seg.changelog_key(k);
-                if key > hi.as_slice() {
-                    break segment + 1;
-                }
-                if seg.schema.matches(key, inner, from, to)
-                    && let Some(v) = it.value()
-                {
-                    out.push((key.to_vec(), v.to_vec()));
-                }
-                it.next();
-            };
-        }
-        self.rocks(it.status())?;
+            }
+            it.status()
+        })?;
+        self.rocks(status)?;
         Ok(out)
     }
 
@@ -475,20 +524,19 @@ impl TaskDb {
 
     /// The keys and values of a key-value store in `[from, to)`, in key order.
     pub fn range(&self, store: &str, from: &[u8], to: &[u8]) -> Result<Entries, StoreError> {
-        // The bound lets RocksDB stop at `to` instead of stepping over deleted keys past it.
-        let mut opts = rocksdb::ReadOptions::default();
-        opts.set_iterate_upper_bound(to.to_vec());
-        let mut it = self.db.raw_iterator_cf_opt(self.cf(store)?, opts);
-        it.seek(from);
         let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if k >= to {
-                break;
+        let status = self.with_iterator(store, |it| {
+            it.seek(from);
+            while let (Some(k), Some(v)) = (it.key(), it.value()) {
+                if k >= to {
+                    break;
+                }
+                out.push((k.to_vec(), v.to_vec()));
+                it.next();
             }
-            out.push((k.to_vec(), v.to_vec()));
-            it.next();
-        }
-        self.rocks(it.status())?;
+            it.status()
+        })?;
+        self.rocks(status)?;
         Ok(out)
     }
 
@@ -554,7 +602,7 @@ impl TaskDb {
         for p in self.partition_checkpoints(store)?.keys() {
             batch.delete_cf(meta, checkpoint_key(&partition_checkpoint(store, *p)));
         }
-        self.rocks(self.db.write_opt(batch, &self.write))
+        self.write_batch(batch)
     }
 
     /// Apply changes of several stores and their new checkpoints in ONE atomic batch.
@@ -596,7 +644,7 @@ impl TaskDb {
         for (store, offset) in checkpoints {
             batch.put_cf(meta, checkpoint_key(store), offset.to_be_bytes());
         }
-        self.rocks(self.db.write_opt(batch, &self.write))
+        self.write_batch(batch)
     }
 
     /// The key a changelog record's key has in `store`'s family: what restore writes into
@@ -645,6 +693,7 @@ impl TaskDb {
             let mut o = IngestExternalFileOptions::default();
             o.set_move_files(true);
             let cf = self.cf(store)?;
+            self.forget_iterators();
             self.rocks(self.db.ingest_external_file_cf_opts(cf, &o, vec![file]))?;
         }
         self.write(std::iter::empty(), [(store, checkpoint)])
@@ -656,7 +705,7 @@ impl TaskDb {
         let mut batch = WriteBatch::default();
         self.clear_into(&mut batch, store)?;
         batch.delete_cf(self.cf(META_CF)?, checkpoint_key(store));
-        self.rocks(self.db.write_opt(batch, &self.write))
+        self.write_batch(batch)
     }
 
     /// Add a deletion of every key of `store` to `batch`; false if it has none.
@@ -684,6 +733,8 @@ impl TaskDb {
             .collect::<Result<Vec<_>, _>>()?;
         let mut fo = FlushOptions::default();
         fo.set_wait(true);
+        // Kept iterators would hold on to the flushed memtables.
+        self.forget_iterators();
         self.rocks(self.db.flush_cfs_opt(&names, &fo))
     }
 
@@ -1189,5 +1240,58 @@ mod range_tests {
                 .len(),
             2
         );
+    }
+
+    #[test]
+    fn reads_see_every_write_expiry_and_clear_made_since_the_last_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        let stores = vec!["w".to_string(), "kv".to_string()];
+        let (db, _) = TaskDb::open(&res, dir.path(), &stores).expect("open");
+        let commit = |db: &TaskDb, store: &str, key: &[u8], offset: i64| {
+            let change = Change {
+                key,
+                value: Some(b"v"),
+            };
+            db.write([(store, change)], [(store, offset)])
+                .expect("write");
+            db.flush().expect("flush");
+        };
+        let win = Segments::for_retention(
+            eddy_crds::Duration::from_millis(600_000),
+            KeySchema::Window { size: 10 },
+        );
+        let (mut db, _) = db.with_segments(&[("w".into(), win)]).expect("segments");
+        let w = |start: i64| crate::window::key(b"a", start);
+        let starts = |db: &TaskDb| -> Vec<i64> {
+            db.fetch("w", b"a", 0, i64::MAX)
+                .expect("fetch")
+                .iter()
+                .map(|(k, _)| crate::window::split(k).expect("key").1)
+                .collect()
+        };
+        let kv = |db: &TaskDb| db.range("kv", b"", b"z").expect("range").len();
+        // Each read below follows a read of the same store (its iterator is kept) and a change.
+        assert_eq!((starts(&db), kv(&db)), (vec![], 0));
+        commit(&db, "w", &w(100), 1);
+        commit(&db, "kv", b"k1", 1);
+        assert_eq!((starts(&db), kv(&db)), (vec![100], 1));
+        commit(&db, "w", &w(700_000), 2);
+        db.write(
+            [(
+                "kv",
+                Change {
+                    key: b"k2",
+                    value: Some(b"v"),
+                },
+            )],
+            [],
+        )
+        .expect("write without a flush");
+        assert_eq!((starts(&db), kv(&db)), (vec![100, 700_000], 2));
+        db.expire("w", 700_000).expect("expire");
+        assert_eq!(starts(&db), [700_000]);
+        db.clear("kv").expect("clear");
+        assert_eq!(kv(&db), 0);
     }
 }
