@@ -349,6 +349,9 @@ pub const INPUT_CONSUMER_TUNING: &[(&str, &str)] = &[
     ("queued.min.messages", "20000"),
 ];
 
+/// `fetch.max.bytes` of [`INPUT_CONSUMER_TUNING`].
+const INPUT_FETCH_MAX_BYTES: u64 = 8 << 20;
+
 /// The consumer of the input partitions (manually assigned, offsets committed to the app's
 /// group).
 fn input_consumer(
@@ -357,6 +360,19 @@ fn input_consumer(
 ) -> Result<Arc<BaseConsumer<LagReporter>>, RuntimeError> {
     let mut defaults = vec![("statistics.interval.ms", "5000")];
     defaults.extend_from_slice(INPUT_CONSUMER_TUNING);
+    // librdkafka refuses a `fetch.max.bytes` below `message.max.bytes`: an app raising the
+    // latter for large records gets a response size to match.
+    let fetch_max = cfg
+        .spec
+        .kafka
+        .properties
+        .get("message.max.bytes")
+        .and_then(|m| m.trim().parse::<u64>().ok())
+        .filter(|m| *m > INPUT_FETCH_MAX_BYTES)
+        .map(|m| m.to_string());
+    if let Some(m) = &fetch_max {
+        defaults.push(("fetch.max.bytes", m));
+    }
     cfg.client_config_with(&defaults)
         .set("group.id", &cfg.application_id)
         .set("enable.auto.commit", "false")
@@ -1512,5 +1528,28 @@ mod tests {
         // Nothing known yet (offset query in flight).
         assert_eq!(input_lag(&p(0, -1001, -1001, 1000)), None);
         assert_eq!(input_lag(&p(0, 10, -1001, -1001)), None);
+    }
+
+    #[test]
+    fn an_app_with_records_larger_than_a_fetch_response_still_gets_its_consumer() {
+        let cfg = |props: &str| {
+            let text = format!(
+                "applicationId: big\nkafka: {{bootstrapServers: '127.0.0.1:1', properties: {{{props}}}}}\ntopology: [{{from: {{topic: a}}}}]\n"
+            );
+            crate::config::WorkerConfig::from_text(
+                &text,
+                std::path::Path::new("app.yaml"),
+                crate::config::Overrides::default(),
+            )
+            .expect("config")
+        };
+        let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+        // 20 MB records: librdkafka refuses a fetch.max.bytes below message.max.bytes.
+        assert!(super::input_consumer(&cfg("message.max.bytes: '20971520'"), &metrics).is_ok());
+        assert!(super::input_consumer(&cfg("message.max.bytes: '1000000'"), &metrics).is_ok());
+        assert!(super::INPUT_CONSUMER_TUNING.contains(&(
+            "fetch.max.bytes",
+            &super::INPUT_FETCH_MAX_BYTES.to_string()[..]
+        )));
     }
 }

@@ -17,7 +17,7 @@ use rocksdb::{
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 const META_CF: &str = "eddy-meta";
 /// RocksDB's own family, always present: it cannot be dropped, only emptied.
@@ -285,7 +285,8 @@ impl TaskDb {
         self.write_batch(batch)?;
         for e in existing {
             if e != META_CF && e != DEFAULT_CF && !stores.contains(e) {
-                self.forget_iterators();
+                // `&mut self`: no other thread reads meanwhile.
+                drop(self.forget_iterators());
                 let dropped = self.db.drop_cf(e);
                 self.rocks(dropped)?;
                 out.dropped.push(e.clone());
@@ -394,15 +395,19 @@ impl TaskDb {
 
     /// Write a batch. Every write goes through here: kept iterators would not see it.
     fn write_batch(&self, batch: WriteBatch) -> Result<(), StoreError> {
-        self.forget_iterators();
+        let _kept = self.forget_iterators();
         self.rocks(self.db.write_opt(batch, &self.write))
     }
 
-    fn forget_iterators(&self) {
-        self.iterators
+    /// Drop the kept iterators; hold the guard across the change, so that no other thread
+    /// (global stores are shared) makes one over the state before it and keeps it.
+    fn forget_iterators(&self) -> MutexGuard<'_, HashMap<String, DBRawIterator<'static>>> {
+        let mut kept = self
+            .iterators
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+            .unwrap_or_else(PoisonError::into_inner);
+        kept.clear();
+        kept
     }
 
     /// Run `read` with `store`'s kept iterator (made on first use since the last write).
@@ -693,7 +698,7 @@ impl TaskDb {
             let mut o = IngestExternalFileOptions::default();
             o.set_move_files(true);
             let cf = self.cf(store)?;
-            self.forget_iterators();
+            let _kept = self.forget_iterators();
             self.rocks(self.db.ingest_external_file_cf_opts(cf, &o, vec![file]))?;
         }
         self.write(std::iter::empty(), [(store, checkpoint)])
@@ -734,7 +739,7 @@ impl TaskDb {
         let mut fo = FlushOptions::default();
         fo.set_wait(true);
         // Kept iterators would hold on to the flushed memtables.
-        self.forget_iterators();
+        let _kept = self.forget_iterators();
         self.rocks(self.db.flush_cfs_opt(&names, &fo))
     }
 
