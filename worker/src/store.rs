@@ -410,7 +410,8 @@ impl TaskDb {
         kept
     }
 
-    /// Run `read` with `store`'s kept iterator (made on first use since the last write).
+    /// Run `read` with `store`'s kept iterator (made on first use since the last write),
+    /// then check the iterator's status.
     fn with_iterator<T>(
         &self,
         store: &str,
@@ -420,19 +421,21 @@ impl TaskDb {
             .iterators
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if !kept.contains_key(store) {
-            let it = self.db.raw_iterator_cf(self.cf(store)?);
-            // SAFETY: the iterator only borrows `self.db` for its lifetime; it is kept in
-            // `self.iterators`, which is dropped before `self.db` and emptied before every
-            // write, ingestion, flush and family drop, so it never outlives the database or
-            // reads a family that is gone. The C++ database does not move with `self`.
-            let it: DBRawIterator<'static> = unsafe { std::mem::transmute(it) };
-            kept.insert(store.to_string(), it);
-        }
-        let it = kept
-            .get_mut(store)
-            .ok_or_else(|| StoreError::Unknown(store.to_string()))?;
-        Ok(read(it))
+        let it = match kept.get_mut(store) {
+            Some(it) => it,
+            None => {
+                let it = self.db.raw_iterator_cf(self.cf(store)?);
+                // SAFETY: the iterator only borrows `self.db` for its lifetime; it is kept in
+                // `self.iterators`, which is dropped before `self.db` and emptied before every
+                // write, ingestion, flush and family drop, so it never outlives the database
+                // or reads a family that is gone. The C++ database does not move with `self`.
+                let it: DBRawIterator<'static> = unsafe { std::mem::transmute(it) };
+                kept.entry(store.to_string()).or_insert(it)
+            }
+        };
+        let out = read(it);
+        self.rocks(it.status())?;
+        Ok(out)
     }
 
     fn rocks<T>(&self, r: Result<T, rocksdb::Error>) -> Result<T, StoreError> {
@@ -470,7 +473,7 @@ impl TaskDb {
         let (lo, hi) = seg.schema.bounds(inner, from, to);
         let (first, last) = (seg.segment(from), seg.segment(to));
         let mut out = Vec::new();
-        let status = self.with_iterator(store, |it| {
+        self.with_iterator(store, |it| {
             let mut segment = first;
             while segment <= last {
                 it.seek([&Segments::prefix(segment)[..], &lo].concat());
@@ -496,9 +499,7 @@ impl TaskDb {
                     it.next();
                 };
             }
-            it.status()
         })?;
-        self.rocks(status)?;
         Ok(out)
     }
 
@@ -530,7 +531,7 @@ impl TaskDb {
     /// The keys and values of a key-value store in `[from, to)`, in key order.
     pub fn range(&self, store: &str, from: &[u8], to: &[u8]) -> Result<Entries, StoreError> {
         let mut out = Vec::new();
-        let status = self.with_iterator(store, |it| {
+        self.with_iterator(store, |it| {
             it.seek(from);
             while let (Some(k), Some(v)) = (it.key(), it.value()) {
                 if k >= to {
@@ -539,9 +540,7 @@ impl TaskDb {
                 out.push((k.to_vec(), v.to_vec()));
                 it.next();
             }
-            it.status()
         })?;
-        self.rocks(status)?;
         Ok(out)
     }
 

@@ -16,11 +16,6 @@
 //! results as JSON for `bench/report`.
 
 use anyhow::{Context, Result, bail};
-
-// eddy-worker's allocator (jemalloc for every allocation, librdkafka's too): the raw clients,
-// eddy's ceilings, must not lose to it through their allocator.
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use clap::Parser;
 use eddy_e2e::*;
 use eddy_worker::collector::PRODUCER_TUNING;
@@ -34,6 +29,11 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
+
+// eddy-worker's allocator (jemalloc for every allocation, librdkafka's too): the raw clients,
+// eddy's ceilings, must not lose to it through their allocator.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser, Debug)]
 #[command(
