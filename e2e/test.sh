@@ -30,7 +30,7 @@ k8s_bin=$("$root/e2e/k8s/cluster.sh" bin | tail -n 1)
 # Every toggle on (e2e/tests/chart.rs sends this through the API server's dry-run).
 all_on=(--set monitoring.serviceMonitor.enabled=true --set monitoring.podMonitor.enabled=true
   --set monitoring.dashboard.enabled=true --set rbac.aggregateToDefaultRoles=true
-  --set 'watchNamespaces={team-a,team-b}')
+  --set 'watchNamespaces={team-a,team-b}' --set queries.networkPolicy.enabled=true)
 "$k8s_bin/helm" lint charts/eddy-operator "${all_on[@]}"
 "$k8s_bin/helm" template t charts/eddy-operator --namespace eddy-system "${all_on[@]}" >/dev/null
 if "$k8s_bin/helm" template t charts/eddy-operator --set replicaCount=-1 >/dev/null 2>&1; then

@@ -4,6 +4,7 @@
 
 pub mod duration;
 pub mod manifest;
+pub mod query;
 pub mod reference;
 pub mod resource;
 pub mod security;

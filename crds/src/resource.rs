@@ -149,6 +149,10 @@ pub struct WorkerStatus {
     /// process (every worker holds every global table; the app's `backlog` counts these).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub global_backlog: i64,
+    /// Where other workers forward the queries this worker answers (`host:port`); absent
+    /// when its query API is switched off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_address: Option<String>,
 }
 
 fn is_zero(n: &i64) -> bool {

@@ -122,6 +122,9 @@ pub struct AppSpec {
     /// when the resource is deleted.
     #[serde(default)]
     pub cleanup_policy: CleanupPolicy,
+    /// The workers' query API (interactive queries): read the app's stores over HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queries: Option<QueriesSpec>,
     /// Tables materialized from topics, by name, for `join` steps to look up (Kafka Streams'
     /// `KTable` and, with `global: true`, `GlobalKTable`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -422,6 +425,25 @@ pub enum ProcessingGuarantee {
     #[default]
     AtLeastOnce,
     ExactlyOnce,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QueriesSpec {
+    /// Serve the query API on every worker, with a `<name>-query` Service in front (default
+    /// true). Off: no Service, and the workers answer no query.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
+impl AppSpec {
+    /// The workers serve queries (`spec.queries.enabled`, default true).
+    pub fn queries_enabled(&self) -> bool {
+        self.queries
+            .as_ref()
+            .and_then(|q| q.enabled)
+            .unwrap_or(true)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

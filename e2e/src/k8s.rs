@@ -11,6 +11,8 @@ use std::time::Duration;
 /// The pod annotation where the pod runner writes the address a pod's `EDDY_HTTP_ADDR` moved
 /// to (`127.0.0.1:<port>`): its IP and container port do not say where it listens.
 pub const POD_HTTP_ANNOTATION: &str = "e2e.eddy.dev/http-addr";
+/// The pod annotation where the pod runner writes the address of a pod's query API.
+pub const POD_QUERY_ANNOTATION: &str = "e2e.eddy.dev/query-addr";
 
 pub struct ControlPlane {
     name: String,

@@ -658,21 +658,23 @@ impl Drop for Worker {
 
 /// A plain HTTP/1.0 GET on a local address: (status code, body).
 pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
+    http_get_with_headers(addr, path).map(|(code, _, body)| (code, body))
+}
+
+/// [`http_get`], with the response's header lines too: (status code, headers, body).
+pub fn http_get_with_headers(addr: &str, path: &str) -> Result<(u16, String, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    let code = body
+    let mut all = String::new();
+    s.read_to_string(&mut all)?;
+    let code = all
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let text = body
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, text))
+    let (headers, body) = all.split_once("\r\n\r\n").unwrap_or((all.as_str(), ""));
+    Ok((code, headers.to_string(), body.to_string()))
 }
 
 /// Sum of the samples of `name` in OpenMetrics text whose line contains all `filters`.

@@ -135,7 +135,7 @@ impl OwnedCache {
             Kind::Role => one(&self.roles, ns, name),
             Kind::RoleBinding => one(&self.role_bindings, ns, name),
             Kind::ConfigMap => one(&self.config_maps, ns, name),
-            Kind::Service => one(&self.services, ns, name),
+            Kind::Service | Kind::QueryService => one(&self.services, ns, name),
             Kind::PodDisruptionBudget => one(&self.pdbs, ns, name),
             Kind::StatefulSet => None,
         }
@@ -176,7 +176,7 @@ fn api_resource(kind: Kind) -> ApiResource {
         Kind::Role => ApiResource::erase::<Role>(&()),
         Kind::RoleBinding => ApiResource::erase::<RoleBinding>(&()),
         Kind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
-        Kind::Service => ApiResource::erase::<Service>(&()),
+        Kind::Service | Kind::QueryService => ApiResource::erase::<Service>(&()),
         Kind::PodDisruptionBudget => ApiResource::erase::<PodDisruptionBudget>(&()),
         Kind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
     }
@@ -388,6 +388,32 @@ fn holder(meta: &ObjectMeta, app: &str) -> String {
     }
 }
 
+/// Queries switched off: the app's query Service goes (only if it is the app's own).
+async fn remove_query_service(
+    ctx: &Ctx,
+    ns: &str,
+    app: &eddy_crds::resource::StatefulStreamApp,
+    uid: &str,
+) -> Result<(), Error> {
+    let name = resources::query_service_name(app);
+    if !ctx
+        .owned
+        .get(Kind::QueryService, ns, &name)
+        .is_some_and(|m| controlled_by(&m, uid))
+    {
+        return Ok(());
+    }
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
+    match api.delete(&name, &Default::default()).await {
+        Ok(_) => {
+            tracing::info!(service = %name, ns, "queries switched off: deleted the query Service");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Whether an object of this app's may be applied: None when it is the app's own or does
 /// not exist, else who holds it. The watch cache answers for the app's own objects; anything
 /// else is checked with one GET, so a stale cache never leads to touching another's object.
@@ -519,6 +545,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
             apply_objects(ctx, &ns, objects, &desired.hold, own_sts.as_ref()).await?;
         sts_applied = applied;
         desired.add_problems(&prev, app.metadata.generation, refused, &now);
+    }
+    if !app.spec.queries_enabled() {
+        remove_query_service(ctx, &ns, &app, &uid).await?;
     }
     patch_status(raw, ctx, &desired.status).await?;
     ctx.metrics.set_app(

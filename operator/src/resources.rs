@@ -31,6 +31,7 @@ use std::collections::BTreeMap;
 /// images/build.sh tags, the crate version (a test below keeps them in step).
 pub const DEFAULT_IMAGE: &str = concat!("ghcr.io/eddy-dev/eddy-worker:", env!("CARGO_PKG_VERSION"));
 pub const HTTP_PORT: i32 = 9090;
+pub use eddy_crds::query::QUERY_PORT;
 /// The worker pods' main container (the assignor reads its state).
 pub const WORKER_CONTAINER: &str = "worker";
 pub const STATE_DIR: &str = "/var/lib/eddy";
@@ -48,6 +49,8 @@ pub enum Kind {
     RoleBinding,
     ConfigMap,
     Service,
+    /// The ClusterIP Service clients send queries to (`spec.queries.enabled`).
+    QueryService,
     PodDisruptionBudget,
     StatefulSet,
 }
@@ -59,7 +62,7 @@ impl Kind {
             Kind::Role => "Role",
             Kind::RoleBinding => "RoleBinding",
             Kind::ConfigMap => "ConfigMap",
-            Kind::Service => "Service",
+            Kind::Service | Kind::QueryService => "Service",
             Kind::PodDisruptionBudget => "PodDisruptionBudget",
             Kind::StatefulSet => "StatefulSet",
         }
@@ -83,7 +86,7 @@ impl std::fmt::Display for Kind {
 
 /// The name of each object of an app, known before they are built (to check who holds them).
 pub fn object_names(app: &StatefulStreamApp) -> Vec<(Kind, String)> {
-    vec![
+    let mut names = vec![
         (Kind::ServiceAccount, worker_account(app)),
         (Kind::Role, worker_account(app)),
         (Kind::RoleBinding, worker_account(app)),
@@ -91,7 +94,15 @@ pub fn object_names(app: &StatefulStreamApp) -> Vec<(Kind, String)> {
         (Kind::Service, service_name(app)),
         (Kind::PodDisruptionBudget, name(app)),
         (Kind::StatefulSet, name(app)),
-    ]
+    ];
+    if app.spec.queries_enabled() {
+        names.push((Kind::QueryService, query_service_name(app)));
+    }
+    names
+}
+
+pub fn query_service_name(app: &StatefulStreamApp) -> String {
+    eddy_crds::query::query_service(&name(app))
 }
 
 /// One object to apply, as JSON with its `apiVersion` and `kind`.
@@ -107,6 +118,8 @@ pub struct Manifest {
 pub struct Objects {
     pub config_map: ConfigMap,
     pub service: Service,
+    /// None when the app's queries are switched off.
+    pub query_service: Option<Service>,
     pub service_account: ServiceAccount,
     pub role: Role,
     pub role_binding: RoleBinding,
@@ -130,15 +143,19 @@ impl Objects {
                 body,
             })
         }
-        Ok(vec![
+        let mut all = vec![
             one(Kind::ServiceAccount, &self.service_account)?,
             one(Kind::Role, &self.role)?,
             one(Kind::RoleBinding, &self.role_binding)?,
             one(Kind::ConfigMap, &self.config_map)?,
             one(Kind::Service, &self.service)?,
-            one(Kind::PodDisruptionBudget, &self.pdb)?,
-            one(Kind::StatefulSet, &self.stateful_set)?,
-        ])
+        ];
+        if let Some(q) = &self.query_service {
+            all.push(one(Kind::QueryService, q)?);
+        }
+        all.push(one(Kind::PodDisruptionBudget, &self.pdb)?);
+        all.push(one(Kind::StatefulSet, &self.stateful_set)?);
+        Ok(all)
     }
 }
 
@@ -194,7 +211,7 @@ pub fn worker_account(app: &StatefulStreamApp) -> String {
 }
 
 pub fn service_name(app: &StatefulStreamApp) -> String {
-    format!("{}-workers", name(app))
+    eddy_crds::query::workers_service(&name(app))
 }
 
 pub fn config_map_name(app: &StatefulStreamApp) -> String {
@@ -220,6 +237,7 @@ pub fn build(
     Ok(Objects {
         config_map: config_map(app)?,
         service: service(app),
+        query_service: app.spec.queries_enabled().then(|| query_service(app)),
         service_account: ServiceAccount {
             metadata: meta(app, worker_account(app)),
             ..Default::default()
@@ -259,6 +277,25 @@ fn service(app: &StatefulStreamApp) -> Service {
                 name: Some("http".into()),
                 port: HTTP_PORT,
                 target_port: Some(IntOrString::Int(HTTP_PORT)),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Any ready worker answers any key (it forwards to the one holding it), so clients need one
+/// address: this Service's, on the query port.
+fn query_service(app: &StatefulStreamApp) -> Service {
+    Service {
+        metadata: meta(app, query_service_name(app)),
+        spec: Some(ServiceSpec {
+            selector: Some(selector_labels(app)),
+            ports: Some(vec![ServicePort {
+                name: Some("query".into()),
+                port: QUERY_PORT,
+                target_port: Some(IntOrString::Int(QUERY_PORT)),
                 ..Default::default()
             }]),
             ..Default::default()
@@ -402,6 +439,19 @@ fn stateful_set(
         field_env("EDDY_INSTANCE_ID", "metadata.name"),
         field_env("EDDY_NAMESPACE", "metadata.namespace"),
     ];
+    let mut ports = vec![ContainerPort {
+        name: Some("http".into()),
+        container_port: HTTP_PORT,
+        ..Default::default()
+    }];
+    if spec.queries_enabled() {
+        env_vars.push(env("EDDY_QUERY_ADDR", &format!("0.0.0.0:{QUERY_PORT}")));
+        ports.push(ContainerPort {
+            name: Some("query".into()),
+            container_port: QUERY_PORT,
+            ..Default::default()
+        });
+    }
     // Only when not the default: pods of operators without the flag stay as they were (a
     // changed template would roll every app's pods).
     if workers.log_format != LogFormat::default() {
@@ -423,11 +473,7 @@ fn stateful_set(
         ),
         args: Some(vec!["run".into()]),
         env: Some(env_vars),
-        ports: Some(vec![ContainerPort {
-            name: Some("http".into()),
-            container_port: HTTP_PORT,
-            ..Default::default()
-        }]),
+        ports: Some(ports),
         readiness_probe: Some(probe("/readyz")),
         liveness_probe: Some(probe("/healthz")),
         resources: spec.resources.clone(),

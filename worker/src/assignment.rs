@@ -77,6 +77,11 @@ pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::
                 })
                 .collect();
         }
+        // Queries are routed by the same view: who holds which task, where each worker answers.
+        status.queries.set_cluster(crate::query::Cluster {
+            assignment: st.assignment.clone().unwrap_or_default(),
+            workers: st.workers.clone(),
+        });
         let Some(a) = st.assignment else {
             continue;
         };

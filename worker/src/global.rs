@@ -64,6 +64,11 @@ impl GlobalStores {
     pub fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.db.get(store, key)
     }
+
+    /// The tables as they are now, for a query.
+    pub fn snapshot(&self) -> crate::store::Snapshot<'_> {
+        self.db.snapshot()
+    }
 }
 
 /// The threads that keep the global tables up to date.

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod partitioner;
 pub mod plan;
 pub mod processor;
+pub mod query;
 pub mod record;
 pub mod restore;
 pub mod runtime;

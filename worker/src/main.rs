@@ -52,6 +52,47 @@ enum Command {
     /// Check an app file and print its sub-topologies and internal topics, without Kafka;
     /// with --previous, also what updating from that version would strand or drop.
     Check(CheckArgs),
+    /// Read a store of a running app through a worker's query API (any worker answers any
+    /// key) and print the answer as JSON.
+    Query(QueryArgs),
+}
+
+#[derive(clap::Args)]
+struct QueryArgs {
+    /// A worker's query API: a standalone worker's --query-addr, the app's `<name>-query`
+    /// Service, or a `kubectl port-forward` to it.
+    #[arg(long, env = "EDDY_QUERY_URL", default_value = "http://127.0.0.1:9091")]
+    url: String,
+    /// The app file, to check the store against before asking.
+    #[arg(short = 'f', long = "file")]
+    file: Option<PathBuf>,
+    /// The store to read (`GET /stores` lists them).
+    #[arg(long)]
+    store: String,
+    /// One key, written as text in the store's key format (a number for i64 keys, JSON for
+    /// json keys). Without it, every key from --from to --to.
+    #[arg(long)]
+    key: Option<String>,
+    /// Key-value stores: the first key of a range (inclusive). Window stores: the earliest
+    /// window time, ms since the epoch.
+    #[arg(long)]
+    from: Option<String>,
+    /// Key-value stores: the end of a range (exclusive). Window stores: the latest window
+    /// time (inclusive), ms.
+    #[arg(long)]
+    to: Option<String>,
+    /// Versioned stores: the value as of this time (ms).
+    #[arg(long)]
+    as_of: Option<i64>,
+    /// Accept a standby copy lacking at most this many changelog records, or `any`.
+    #[arg(long)]
+    max_lag: Option<String>,
+    /// Entries per page (1 to 1000).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Follow `next` and print every page's entries as one answer.
+    #[arg(long)]
+    all: bool,
 }
 
 #[derive(clap::Args)]
@@ -91,9 +132,16 @@ struct RunArgs {
     /// This worker's name (the pod name on Kubernetes).
     #[arg(long, env = "EDDY_INSTANCE_ID")]
     instance_id: Option<String>,
-    /// Serve /metrics, /healthz and /readyz here.
+    /// Serve /metrics, /healthz and /readyz here (and the query API, unless --query-addr).
     #[arg(long, env = "EDDY_HTTP_ADDR")]
     http_addr: Option<SocketAddr>,
+    /// Serve the query API here.
+    #[arg(long, env = "EDDY_QUERY_ADDR")]
+    query_addr: Option<SocketAddr>,
+    /// Where other workers reach this worker's query API (default under the operator: the
+    /// pod's name in the app's headless Service).
+    #[arg(long, env = "EDDY_QUERY_ADVERTISED_ADDR")]
+    advertised_query_addr: Option<String>,
 }
 
 /// Stack of the processing thread. Address space only: pages are backed as they are first
@@ -113,6 +161,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check(a) => check(a),
         Command::Run(a) => run(a).map(|()| ExitCode::SUCCESS),
+        Command::Query(a) => query(a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");
@@ -332,21 +381,59 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         follow_assignment: link.is_some(),
         ..Default::default()
     });
+    // Two threads: queries (and forwarding them) beside the operator link and /metrics.
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    if let Some(addr) = a.http_addr {
+    status.queries.set_app(&cfg);
+    let queries = cfg
+        .spec
+        .queries_enabled()
+        .then(|| eddy_worker::query::api::router(status.clone()));
+    let serve = |addr: SocketAddr, app: axum::Router, what: &'static str| {
+        use axum::serve::ListenerExt as _;
         let listener = rt
             .block_on(tokio::net::TcpListener::bind(addr))
-            .with_context(|| format!("binding the HTTP address {addr}"))?;
-        let app = eddy_worker::http::router(metrics.clone(), status.clone(), cfg.liveness_timeout);
+            .with_context(|| format!("binding the {what} address {addr}"))?
+            // Answers go out at once: without it, an answer written after a forwarded one
+            // waits for the peer's delayed ACK (up to 40 ms).
+            .tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
         rt.spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!("HTTP server stopped: {e}");
+                tracing::error!("{what} server stopped: {e}");
             }
         });
+        anyhow::Ok(())
+    };
+    if let Some(addr) = a.http_addr {
+        let mut app =
+            eddy_worker::http::router(metrics.clone(), status.clone(), cfg.liveness_timeout);
+        if a.query_addr.is_none()
+            && let Some(q) = &queries
+        {
+            app = app.merge(q.clone());
+        }
+        serve(addr, app, "HTTP")?;
+    }
+    if let (Some(addr), Some(q)) = (a.query_addr, queries.clone()) {
+        serve(addr, q, "query")?;
+    }
+    if queries.is_some()
+        && let Ok(mut r) = status.report.lock()
+    {
+        r.query_address = match (&a.advertised_query_addr, &link) {
+            (Some(addr), _) => Some(addr.clone()),
+            (None, Some(l)) => Some(eddy_crds::query::pod_query_address(
+                &l.app,
+                &l.pod,
+                &l.namespace,
+            )),
+            (None, None) => None,
+        };
     }
     if let Some(link) = link {
         let client = rt
@@ -396,4 +483,102 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         Some(hint) => anyhow::Error::new(e).context(format!("stopped ({hint})")),
         None => e.into(),
     })
+}
+
+/// `eddy-worker query`: build the request from the store's kind, print the answer.
+fn query(a: QueryArgs) -> anyhow::Result<ExitCode> {
+    use eddy_crds::query::{RangeAnswer, StoreDescription};
+    let base = a.url.trim_end_matches('/').to_string();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let client = eddy_worker::query::client::client();
+    let get = |url: String| {
+        let client = client.clone();
+        rt.block_on(async move {
+            let (code, _, body) = eddy_worker::query::client::fetch(&client, &url, &[])
+                .await
+                .map_err(|e| anyhow::anyhow!("asking {url}: {e}"))?;
+            if !code.is_success() {
+                let msg = serde_json::from_slice::<eddy_crds::query::QueryProblem>(&body)
+                    .map(|p| p.error)
+                    .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
+                anyhow::bail!("{url}: {code}: {msg}");
+            }
+            anyhow::Ok(body)
+        })
+    };
+    let stores: Vec<StoreDescription> = match &a.file {
+        Some(f) => {
+            let cfg = load_for_check(f, None, None)?;
+            let catalog = eddy_worker::query::Catalog::default();
+            catalog.set_app(&cfg);
+            catalog.describe()
+        }
+        None => serde_json::from_slice(&get(format!("{base}/stores"))?)
+            .context("reading the worker's list of stores")?,
+    };
+    let Some(store) = stores.iter().find(|s| s.name == a.store) else {
+        let names: Vec<&str> = stores.iter().map(|s| s.name.as_str()).collect();
+        anyhow::bail!(
+            "no store {:?} in the app; its stores are: {}",
+            a.store,
+            names.join(", ")
+        );
+    };
+    let enc = |s: &str| {
+        form_urlencoded::byte_serialize(s.as_bytes())
+            .collect::<String>()
+            .replace('+', "%20")
+    };
+    let mut params: Vec<(&str, String)> = Vec::new();
+    let windowed = matches!(store.kind.as_str(), "window" | "session");
+    let path = match (&a.key, windowed) {
+        (Some(k), true) => format!("/stores/{}/keys/{}/windows", enc(&store.name), enc(k)),
+        (Some(k), false) => format!("/stores/{}/keys/{}", enc(&store.name), enc(k)),
+        (None, true) => format!("/stores/{}/windows", enc(&store.name)),
+        (None, false) => format!("/stores/{}/keys", enc(&store.name)),
+    };
+    for (name, v) in [("from", &a.from), ("to", &a.to), ("maxLag", &a.max_lag)] {
+        if let Some(v) = v {
+            params.push((name, v.clone()));
+        }
+    }
+    if let Some(t) = a.as_of {
+        params.push(("asOf", t.to_string()));
+    }
+    if let Some(n) = a.limit {
+        params.push(("limit", n.to_string()));
+    }
+    let url = |after: Option<&str>| {
+        let mut q: Vec<String> = params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", enc(v)))
+            .collect();
+        if let Some(t) = after {
+            q.push(format!("after={t}"));
+        }
+        match q.is_empty() {
+            true => format!("{base}{path}"),
+            false => format!("{base}{path}?{}", q.join("&")),
+        }
+    };
+    let body = get(url(None))?;
+    let single = a.key.is_some() && !windowed;
+    if single || !a.all {
+        let v: serde_json::Value = serde_json::from_slice(&body).context("reading the answer")?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut all: RangeAnswer = serde_json::from_slice(&body).context("reading the answer")?;
+    while let Some(next) = all.next.take() {
+        let page: RangeAnswer =
+            serde_json::from_slice(&get(url(Some(&next)))?).context("reading the answer")?;
+        all.entries.extend(page.entries);
+        all.answered_by = page.answered_by;
+        all.next = page.next;
+    }
+    println!("{}", serde_json::to_string_pretty(&all)?);
+    Ok(ExitCode::SUCCESS)
 }

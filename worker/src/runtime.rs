@@ -277,6 +277,7 @@ pub fn run(
     metrics: Arc<Metrics>,
     status: Arc<Status>,
 ) -> Result<(), RuntimeError> {
+    status.queries.set_app(cfg);
     let consumer = input_consumer(cfg, &metrics)?;
     let mut m = Manager {
         cfg,
@@ -544,6 +545,7 @@ impl Manager<'_> {
             Some(t) => t.clone(),
             None => {
                 let t = Arc::new(changelog::prepare(self.cfg)?);
+                self.status.queries.set_partitions(&t.partitions);
                 self.topics = Some(t.clone());
                 t
             }
@@ -748,7 +750,12 @@ impl Manager<'_> {
                 if let Ok(mut r) = self.status.report.lock() {
                     r.global_backlog = backlog;
                 }
-                Ok(g.restored())
+                let restored = g.restored();
+                if restored {
+                    // Queries read a global table once it has caught up, not half-restored.
+                    self.status.queries.set_global(&g.stores);
+                }
+                Ok(restored)
             }
         }
     }
@@ -1121,7 +1128,10 @@ impl Manager<'_> {
                 cache_share,
                 self.metrics.clone(),
             )?;
-            out.push(task.with_global(self.globals.as_ref().map(|g| g.stores.clone())));
+            out.push(
+                task.with_global(self.globals.as_ref().map(|g| g.stores.clone()))
+                    .with_queries(self.status.queries.clone()),
+            );
         }
         Ok(out)
     }

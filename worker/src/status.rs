@@ -45,6 +45,9 @@ pub struct Status {
     pub heartbeat: AtomicU64,
     /// Why the worker is not processing, while it retries (None when all is well).
     pub problem: Mutex<Option<WorkerProblem>>,
+    /// The stores and copies the query API reads (published by the processing thread and
+    /// the state updater).
+    pub queries: std::sync::Arc<crate::query::Catalog>,
 }
 
 impl Status {

@@ -40,6 +40,12 @@ pub struct StoreDef {
     pub ordered: bool,
     /// Set for a versioned store ([`crate::versioned`]): how long it keeps each key's history.
     pub versioned: Option<eddy_crds::Duration>,
+    /// Its values start with a timestamp ([`crate::window::with_timestamp`]): a table's, a
+    /// time or sliding window's.
+    pub stamped: bool,
+    /// The engine's own buffer (a stream join's windows and waiting records, a suppression
+    /// buffer), not the state of a step a user named: queries do not read it.
+    pub internal: bool,
 }
 
 /// What makes a store a window or session store.
@@ -69,6 +75,8 @@ impl StoreDef {
             window: None,
             ordered: false,
             versioned: None,
+            stamped: false,
+            internal: false,
         }
     }
 
@@ -127,13 +135,23 @@ impl StoreDef {
         }
     }
 
-    /// The store of table `name` of `spec.tables`: versioned if the table is.
+    /// The store of table `name` of `spec.tables`: versioned if the table is; else each
+    /// value carries its record's timestamp (for the timestamps of table-table joins).
     pub fn table(name: &str, t: &eddy_crds::TableSpec) -> Self {
         let store = t.store_name(name);
         match &t.versioned {
             Some(v) => Self::versioned(store, t.key, t.value, v.history),
-            None => Self::key_value(store, t.key, t.value),
+            None => Self {
+                stamped: true,
+                ..Self::key_value(store, t.key, t.value)
+            },
         }
+    }
+
+    /// The engine's own buffer, not queryable.
+    pub fn internal(mut self) -> Self {
+        self.internal = true;
+        self
     }
 
     /// Read by range ([`crate::processor::KeyValueStore::range`]).
@@ -497,17 +515,16 @@ impl Topology {
                         // The window stores' "windows" are instants: a record's timestamp.
                         let size = within.max(eddy_crds::Duration::from_millis(1));
                         for name in &names[..2] {
-                            cur = cur.store(StoreDef::window(
-                                name,
-                                kf,
-                                Format::Bytes,
-                                size,
-                                j.retention(),
-                            ));
+                            cur = cur.store(
+                                StoreDef::window(name, kf, Format::Bytes, size, j.retention())
+                                    .internal(),
+                            );
                         }
                         if let Some(name) = outer {
                             cur = cur.store(
-                                StoreDef::key_value(&name, Format::Bytes, Format::Bytes).ordered(),
+                                StoreDef::key_value(&name, Format::Bytes, Format::Bytes)
+                                    .ordered()
+                                    .internal(),
                             );
                         }
                         let timestamp = match &stream.timestamp {
@@ -627,6 +644,8 @@ impl Topology {
                         window: None,
                         ordered: true,
                         versioned: None,
+                        stamped: false,
+                        internal: true,
                     });
                     continue;
                 }
@@ -726,6 +745,9 @@ impl Topology {
                 window: def,
                 ordered: false,
                 versioned: None,
+                // Time and sliding windows keep the largest record time with the value.
+                stamped: def.is_some_and(|d| !matches!(d.windows, Windows::Session { .. })),
+                internal: false,
             });
             vf = value_format;
         }

@@ -20,6 +20,7 @@ use crate::cache::Changes;
 use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, RoleLabels, StoreLabels};
 use crate::plan;
+use crate::query::Holder;
 use crate::restore::{BATCH_BYTES, Pending};
 use crate::status::Status;
 use crate::store::{Change, MemoryStore, StateResources, StoreError, TaskDb};
@@ -183,7 +184,7 @@ struct ReplicaStore {
 struct Replica {
     id: TaskId,
     role: TaskRole,
-    db: Option<TaskDb>,
+    db: Option<Arc<TaskDb>>,
     stores: Vec<ReplicaStore>,
     /// Reached the changelogs' end at least once (RESTORING before, RUNNING after).
     caught_up: bool,
@@ -423,7 +424,7 @@ impl State {
             let (db, _) = db
                 .with_segments(&crate::task::window_segments(sub))
                 .map_err(store_err)?;
-            Some(db)
+            Some(Arc::new(db))
         };
         let defs: Vec<(String, bool)> = sub
             .stores
@@ -515,6 +516,9 @@ impl State {
             caught_up: false,
         };
         tracing::info!(task = %id, %role, lag = ?r.lag(), "following the task's changelogs");
+        if let Some(db) = &r.db {
+            self.status.queries.publish(id, Holder::Replica, db);
+        }
         self.replicas.push(r);
         Ok(())
     }
@@ -522,6 +526,7 @@ impl State {
     /// Stop tailing a replica: write what was read, close its database (it stays on disk),
     /// return its in-memory stores.
     fn close(&mut self, mut r: Replica) -> Vec<(String, MemoryStore)> {
+        self.status.queries.withdraw(r.id, Holder::Replica);
         if let Err(e) = apply(&mut r, &self.metrics, &HashMap::new()) {
             tracing::warn!(error = %e, "writing a standby's last records before letting it go (they are read again later)");
         }

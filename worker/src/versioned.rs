@@ -36,7 +36,7 @@ pub struct VersionedStore<'a> {
 }
 
 /// A version: its time and its value (`None`: the key was deleted then).
-type Version = (i64, Option<Vec<u8>>);
+pub(crate) type Version = (i64, Option<Vec<u8>>);
 
 fn prefix(key: &[u8]) -> Result<Vec<u8>, ProcessError> {
     let len = u32::try_from(key.len())
@@ -59,37 +59,16 @@ impl<'a> VersionedStore<'a> {
 
     /// The largest time of a put so far (-1 before the first, as Kafka Streams).
     fn stream_time(&mut self) -> Result<i64, ProcessError> {
-        Ok(match self.inner.get(STREAM_TIME_KEY)? {
-            Some(b) => <[u8; 8]>::try_from(&b[..])
-                .map(i64::from_be_bytes)
-                .map_err(|_| corrupt("its stream time"))?,
-            None => -1,
-        })
+        stream_time(self.inner.get(STREAM_TIME_KEY)?.as_deref())
     }
 
     /// Every version of `key`, oldest first.
     fn versions(&mut self, key: &[u8]) -> Result<Vec<Version>, ProcessError> {
-        let p = prefix(key)?;
-        let (mut from, mut to) = (p.clone(), p);
-        from.extend_from_slice(&[0; 8]);
-        to.extend_from_slice(&[0xff; 9]);
+        let (from, to) = version_range(key)?;
         self.inner
             .range(&from, &to)?
             .into_iter()
-            .map(|(k, v)| {
-                let time = k
-                    .len()
-                    .checked_sub(8)
-                    .and_then(|at| <[u8; 8]>::try_from(&k[at..]).ok())
-                    .map(|b| (u64::from_be_bytes(b) ^ (1 << 63)) as i64)
-                    .ok_or_else(|| corrupt("a version's key"))?;
-                let value = match v.split_first() {
-                    Some((&VALUE, bytes)) => Some(bytes.to_vec()),
-                    Some((&TOMBSTONE, [])) => None,
-                    _ => return Err(corrupt("a version's value")),
-                };
-                Ok((time, value))
-            })
+            .map(|(k, v)| decode_version(&k, &v))
             .collect()
     }
 
@@ -103,16 +82,9 @@ impl<'a> VersionedStore<'a> {
     /// then, `None` if it was deleted or not yet set. Before the history retention only the
     /// newest version still answers (it never expires).
     pub fn get_as_of(&mut self, key: &[u8], as_of: i64) -> Result<Option<Vec<u8>>, ProcessError> {
-        let expired = as_of < self.stream_time()?.saturating_sub(self.history);
-        let mut versions = self.versions(key)?;
-        let newest = versions.len();
-        let Some(at) = versions.iter().rposition(|(t, _)| *t <= as_of) else {
-            return Ok(None);
-        };
-        if expired && at + 1 != newest {
-            return Ok(None);
-        }
-        Ok(versions.swap_remove(at).1)
+        let stream_time = self.stream_time()?;
+        let versions = self.versions(key)?;
+        Ok(as_of_version(versions, as_of, stream_time, self.history).and_then(|(_, v)| v))
     }
 
     /// Put `key`'s value (`None`: a delete) valid from `ts`, replacing a version of the same
@@ -162,6 +134,61 @@ impl<'a> VersionedStore<'a> {
             false => Put::History,
         })
     }
+}
+
+/// The key the store's observed stream time is kept under.
+pub(crate) const STREAM_TIME: &[u8] = STREAM_TIME_KEY;
+
+/// The stream time kept under [`STREAM_TIME`] (-1 when none was).
+pub(crate) fn stream_time(stored: Option<&[u8]>) -> Result<i64, ProcessError> {
+    Ok(match stored {
+        Some(b) => <[u8; 8]>::try_from(b)
+            .map(i64::from_be_bytes)
+            .map_err(|_| corrupt("its stream time"))?,
+        None => -1,
+    })
+}
+
+/// The store keys `[from, to)` of `key`'s versions.
+pub(crate) fn version_range(key: &[u8]) -> Result<(Vec<u8>, Vec<u8>), ProcessError> {
+    let p = prefix(key)?;
+    let (mut from, mut to) = (p.clone(), p);
+    from.extend_from_slice(&[0; 8]);
+    to.extend_from_slice(&[0xff; 9]);
+    Ok((from, to))
+}
+
+/// A stored version: its time and value.
+pub(crate) fn decode_version(k: &[u8], v: &[u8]) -> Result<Version, ProcessError> {
+    let time = k
+        .len()
+        .checked_sub(8)
+        .and_then(|at| <[u8; 8]>::try_from(&k[at..]).ok())
+        .map(|b| (u64::from_be_bytes(b) ^ (1 << 63)) as i64)
+        .ok_or_else(|| corrupt("a version's key"))?;
+    let value = match v.split_first() {
+        Some((&VALUE, bytes)) => Some(bytes.to_vec()),
+        Some((&TOMBSTONE, [])) => None,
+        _ => return Err(corrupt("a version's value")),
+    };
+    Ok((time, value))
+}
+
+/// Of a key's `versions` (oldest first), the one valid at `as_of`: the last one from before
+/// it. Before the history retention only the newest version still answers (it never expires).
+pub(crate) fn as_of_version(
+    mut versions: Vec<Version>,
+    as_of: i64,
+    stream_time: i64,
+    history: i64,
+) -> Option<Version> {
+    let expired = as_of < stream_time.saturating_sub(history);
+    let newest = versions.len();
+    let at = versions.iter().rposition(|(t, _)| *t <= as_of)?;
+    if expired && at + 1 != newest {
+        return None;
+    }
+    Some(versions.swap_remove(at))
 }
 
 fn corrupt(what: &str) -> ProcessError {

@@ -13,6 +13,9 @@
 //!   and to the pod's annotation `e2e.eddy.dev/http-addr` (so tests, and a Prometheus
 //!   discovering pods through the API server, can scrape a pod's metrics); the readiness
 //!   probe's `httpGet` goes there (every second) and drives the `Ready` condition;
+//! - `EDDY_QUERY_ADDR` (the query API) becomes `127.0.0.1:<free port>` too, also set as
+//!   `EDDY_QUERY_ADVERTISED_ADDR` (where other workers forward queries) and written to the
+//!   annotation `e2e.eddy.dev/query-addr`;
 //! - `KUBECONFIG` points at a kubeconfig holding a token of the pod's ServiceAccount (so the
 //!   process has exactly the pod's RBAC), and `EDDY_POD_RUNNER=1` is set;
 //! - stdout and stderr are appended to `ROOT/pods/<ns>/<pod>/log`;
@@ -668,6 +671,23 @@ impl Supervisor {
                     failure_threshold: p.and_then(|p| p.failure_threshold).unwrap_or(3).max(1),
                 }
             });
+        // The query API too; other workers reach it at the same loopback address.
+        if let Some((_, addr)) = env.iter_mut().find(|(k, _)| k == "EDDY_QUERY_ADDR") {
+            let port = eddy_e2e::free_port().map_err(config_err)?;
+            *addr = format!("127.0.0.1:{port}");
+            let advertised = addr.clone();
+            env.retain(|(k, _)| k != "EDDY_QUERY_ADVERTISED_ADDR");
+            env.push(("EDDY_QUERY_ADVERTISED_ADDR".into(), advertised.clone()));
+            let api: Api<Pod> = Api::namespaced(self.rt.client.clone(), &self.ns);
+            let patch = json!({"metadata": {"uid": self.uid,
+                "annotations": {eddy_e2e::k8s::POD_QUERY_ANNOTATION: advertised}}});
+            if let Err(e) = api
+                .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                warn!(pod = %format!("{}/{}", self.ns, self.name), "annotating the query address: {e}");
+            }
+        }
         let kubeconfig = self.kubeconfig().await.map_err(config_err)?;
         env.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
         env.push(("EDDY_POD_RUNNER".into(), "1".into()));

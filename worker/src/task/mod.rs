@@ -69,7 +69,9 @@ pub struct Task {
     next: Vec<Option<usize>>,
     pub(crate) stores: Vec<StoreState>,
     pub(crate) slots: Vec<Slot>,
-    pub(crate) db: Option<TaskDb>,
+    pub(crate) db: Option<Arc<TaskDb>>,
+    /// Where the task's copy is published for queries while it runs.
+    queries: Option<Arc<crate::query::Catalog>>,
     /// The app's global tables, looked up by joins.
     global: Option<Arc<crate::global::GlobalStores>>,
     pub collector: Collector,
@@ -134,7 +136,7 @@ impl Task {
                     "window store's retention (so its segments) changed, or it was a key-value store: cleared; it restores from its changelog");
                 changed.cleared.retain(|s| *s != store);
             }
-            (Some(db), changed)
+            (Some(Arc::new(db)), changed)
         };
         for store in &changed.dropped {
             let changelog = topics::changelog(&cfg.application_id, store);
@@ -189,6 +191,7 @@ impl Task {
             stores,
             slots,
             db,
+            queries: None,
             global: None,
             collector,
             cache_share,
@@ -210,13 +213,19 @@ impl Task {
         self
     }
 
+    /// Publish the task's stores for queries while it runs.
+    pub fn with_queries(mut self, queries: Arc<crate::query::Catalog>) -> Self {
+        self.queries = Some(queries);
+        self
+    }
+
     /// Drop what window stores hold past their retention, after a commit.
     fn expire_windows(&mut self) -> Result<(), StoreError> {
         for s in &mut self.stores {
             let Some(before) = s.expired_before() else {
                 continue;
             };
-            match (&mut self.db, s.is_in_memory()) {
+            match (&self.db, s.is_in_memory()) {
                 (_, true) => s.expire_in_memory(before),
                 (Some(db), false) => db.expire(&s.name, before)?,
                 (None, false) => {}
@@ -246,6 +255,12 @@ impl Task {
         }
         self.state = state;
         self.set_state(state);
+        if let (Some(q), Some(db)) = (&self.queries, &self.db) {
+            match state {
+                TaskState::Running => q.publish(self.id, crate::query::Holder::Active, db),
+                _ => q.withdraw(self.id, crate::query::Holder::Active),
+            }
+        }
     }
 
     /// Records of several inputs wait in a buffer to be processed in timestamp order.
@@ -389,7 +404,7 @@ impl Task {
             let mut out = Vec::new();
             let mut ctx = Context {
                 stores: &mut self.stores,
-                db: self.db.as_ref(),
+                db: self.db.as_deref(),
                 global: self.global.as_deref(),
                 sink: &mut self.collector,
                 out: &mut out,
@@ -444,7 +459,7 @@ impl Task {
             for r in cur.drain(..) {
                 let mut ctx = Context {
                     stores: &mut self.stores,
-                    db: self.db.as_ref(),
+                    db: self.db.as_deref(),
                     global: self.global.as_deref(),
                     sink: &mut self.collector,
                     out: &mut next,
@@ -691,11 +706,21 @@ impl Task {
     }
 
     pub fn db(&self) -> Option<&TaskDb> {
-        self.db.as_ref()
+        self.db.as_deref()
     }
 
     pub fn stores(&self) -> &[StoreState] {
         &self.stores
+    }
+}
+
+impl Drop for Task {
+    /// However the task goes (closed, closed dirty, dropped by an error), queries stop
+    /// reading its database before it closes.
+    fn drop(&mut self) {
+        if let Some(q) = &self.queries {
+            q.withdraw(self.id, crate::query::Holder::Active);
+        }
     }
 }
 

@@ -10,10 +10,13 @@
 //! renaming, removing or moving a store to memory never stops a task from opening.
 
 use crate::window::Segments;
+
+pub mod snapshot;
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRawIterator, Env, FlushOptions,
     IngestExternalFileOptions, Options, WriteBatch, WriteBufferManager, WriteOptions,
 };
+pub use snapshot::Snapshot;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -164,7 +167,7 @@ pub struct TaskDb {
     /// Per window store, the end of the range [`TaskDb::expire`] last deleted: a commit that
     /// expires nothing new writes no range tombstone (each one slows later reads until
     /// compaction drops it).
-    expired_to: std::collections::HashMap<String, Vec<u8>>,
+    expired_to: Mutex<HashMap<String, Vec<u8>>>,
     /// The families' options, for SST files built outside the database (see
     /// [`TaskDb::ingest`]) so they have the same format as RocksDB's own.
     sst_options: Options,
@@ -343,7 +346,7 @@ impl TaskDb {
 
     /// Drop the segments of a window store that hold only windows starting before `before`:
     /// one range deletion, whose files compaction discards without reading them.
-    pub fn expire(&mut self, store: &str, before: i64) -> Result<(), StoreError> {
+    pub fn expire(&self, store: &str, before: i64) -> Result<(), StoreError> {
         let Some((from, to)) = self
             .segments
             .get(store)
@@ -351,14 +354,18 @@ impl TaskDb {
         else {
             return Ok(());
         };
-        if self.expired_to.get(store) == Some(&to) {
+        let mut expired = self
+            .expired_to
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if expired.get(store) == Some(&to) {
             return Ok(());
         }
         let cf = self.cf(store)?;
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(cf, &from, &to);
         self.write_batch(batch)?;
-        self.expired_to.insert(store.to_string(), to);
+        expired.insert(store.to_string(), to);
         Ok(())
     }
 
@@ -466,39 +473,10 @@ impl TaskDb {
         from: i64,
         to: i64,
     ) -> Result<Entries, StoreError> {
-        let seg = *self
-            .segments
-            .get(store)
-            .ok_or_else(|| StoreError::Unknown(format!("{store} (not a window store)")))?;
-        let (lo, hi) = seg.schema.bounds(inner, from, to);
-        let (first, last) = (seg.segment(from), seg.segment(to));
+        let seg = self.segments_of(store)?;
         let mut out = Vec::new();
         self.with_iterator(store, |it| {
-            let mut segment = first;
-            while segment <= last {
-                it.seek([&Segments::prefix(segment)[..], &lo].concat());
-                segment = loop {
-                    let Some(k) = it.key() else {
-                        break i64::MAX;
-                    };
-                    match Segments::segment_of(k) {
-                        // A later segment holds keys: go on from there.
-                        Some(s) if s != segment => break s,
-                        Some(_) => {}
-                        None => break i64::MAX,
-                    }
-                    let key = seg.changelog_key(k);
-                    if key > hi.as_slice() {
-                        break segment + 1;
-                    }
-                    if seg.schema.matches(key, inner, from, to)
-                        && let Some(v) = it.value()
-                    {
-                        out.push((key.to_vec(), v.to_vec()));
-                    }
-                    it.next();
-                };
-            }
+            scan_windows(&seg, it, inner, from, to, usize::MAX, &mut out);
         })?;
         Ok(out)
     }
@@ -506,24 +484,10 @@ impl TaskDb {
     /// Every window of a window or session store whose time is in `[from, to]`, with its
     /// changelog key, in segment then key order.
     pub fn fetch_all(&self, store: &str, from: i64, to: i64) -> Result<Entries, StoreError> {
-        let seg = *self
-            .segments
-            .get(store)
-            .ok_or_else(|| StoreError::Unknown(format!("{store} (not a window store)")))?;
-        let end = Segments::prefix(seg.segment(to).saturating_add(1));
+        let seg = self.segments_of(store)?;
         let mut it = self.db.raw_iterator_cf(self.cf(store)?);
-        it.seek(Segments::prefix(seg.segment(from)));
         let mut out = Vec::new();
-        while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if k >= &end[..] {
-                break;
-            }
-            let key = seg.changelog_key(k);
-            if seg.schema.time(key).is_some_and(|t| from <= t && t <= to) {
-                out.push((key.to_vec(), v.to_vec()));
-            }
-            it.next();
-        }
+        scan_all_windows(&seg, &mut it, from, to, None, usize::MAX, &mut out);
         self.rocks(it.status())?;
         Ok(out)
     }
@@ -532,16 +496,17 @@ impl TaskDb {
     pub fn range(&self, store: &str, from: &[u8], to: &[u8]) -> Result<Entries, StoreError> {
         let mut out = Vec::new();
         self.with_iterator(store, |it| {
-            it.seek(from);
-            while let (Some(k), Some(v)) = (it.key(), it.value()) {
-                if k >= to {
-                    break;
-                }
-                out.push((k.to_vec(), v.to_vec()));
-                it.next();
-            }
+            scan_range(it, from, Some(to), usize::MAX, &mut out);
         })?;
         Ok(out)
+    }
+
+    /// The segments of a window or session store.
+    fn segments_of(&self, store: &str) -> Result<Segments, StoreError> {
+        self.segments
+            .get(store)
+            .copied()
+            .ok_or_else(|| StoreError::Unknown(format!("{store} (not a window store)")))
     }
 
     /// The changelog offset this store's data reflects (next offset to read), if any.
@@ -792,6 +757,99 @@ impl TaskDb {
 /// The checkpoint name of one partition of a store fed by several (a global table's).
 pub fn partition_checkpoint(store: &str, partition: i32) -> String {
     format!("{store}#{partition}")
+}
+
+/// Add the windows of `inner` whose time is in `[from, to]` to `out` (at most `limit`), in
+/// time order, with their changelog keys: reads the segments that hold any, seeking from one
+/// to the next. Callers check the iterator's status.
+fn scan_windows(
+    seg: &Segments,
+    it: &mut DBRawIterator<'_>,
+    inner: &[u8],
+    from: i64,
+    to: i64,
+    limit: usize,
+    out: &mut Entries,
+) {
+    let (lo, hi) = seg.schema.bounds(inner, from, to);
+    let (first, last) = (seg.segment(from), seg.segment(to));
+    let mut segment = first;
+    while segment <= last && out.len() < limit {
+        it.seek([&Segments::prefix(segment)[..], &lo].concat());
+        segment = loop {
+            let Some(k) = it.key() else {
+                break i64::MAX;
+            };
+            match Segments::segment_of(k) {
+                // A later segment holds keys: go on from there.
+                Some(s) if s != segment => break s,
+                Some(_) => {}
+                None => break i64::MAX,
+            }
+            let key = seg.changelog_key(k);
+            if key > hi.as_slice() || out.len() >= limit {
+                break segment + 1;
+            }
+            if seg.schema.matches(key, inner, from, to)
+                && let Some(v) = it.value()
+            {
+                out.push((key.to_vec(), v.to_vec()));
+            }
+            it.next();
+        };
+    }
+}
+
+/// Add every window whose time is in `[from, to]` to `out` (at most `limit`), in segment then
+/// key order, with its changelog key; after the one stored under `after` if given.
+fn scan_all_windows(
+    seg: &Segments,
+    it: &mut DBRawIterator<'_>,
+    from: i64,
+    to: i64,
+    after: Option<&[u8]>,
+    limit: usize,
+    out: &mut Entries,
+) {
+    let end = Segments::prefix(seg.segment(to).saturating_add(1));
+    let start = Segments::prefix(seg.segment(from));
+    match after {
+        Some(a) if a >= &start[..] => {
+            it.seek(a);
+            if it.key() == Some(a) {
+                it.next();
+            }
+        }
+        _ => it.seek(start),
+    }
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        if k >= &end[..] || out.len() >= limit {
+            break;
+        }
+        let key = seg.changelog_key(k);
+        if seg.schema.time(key).is_some_and(|t| from <= t && t <= to) {
+            out.push((key.to_vec(), v.to_vec()));
+        }
+        it.next();
+    }
+}
+
+/// Add the keys and values in `[from, to)` (no end: to the last key) to `out`, at most `limit`.
+fn scan_range(
+    it: &mut DBRawIterator<'_>,
+    from: &[u8],
+    to: Option<&[u8]>,
+    limit: usize,
+    out: &mut Entries,
+) {
+    it.seek(from);
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        if to.is_some_and(|to| k >= to) || out.len() >= limit {
+            break;
+        }
+        out.push((k.to_vec(), v.to_vec()));
+        it.next();
+    }
 }
 
 fn checkpoint_key(store: &str) -> Vec<u8> {
@@ -1102,7 +1160,7 @@ mod tests {
                 .expect("segments")
         };
         {
-            let (mut db, cleared) = open(seg);
+            let (db, cleared) = open(seg);
             assert!(cleared.is_empty());
             let (old, live) = (key(b"k", 10_000), key(b"k", 250_000));
             for k in [&old, &live] {
@@ -1265,7 +1323,7 @@ mod range_tests {
             eddy_crds::Duration::from_millis(600_000),
             KeySchema::Window { size: 10 },
         );
-        let (mut db, _) = db.with_segments(&[("w".into(), win)]).expect("segments");
+        let (db, _) = db.with_segments(&[("w".into(), win)]).expect("segments");
         let w = |start: i64| crate::window::key(b"a", start);
         let starts = |db: &TaskDb| -> Vec<i64> {
             db.fetch("w", b"a", 0, i64::MAX)

@@ -1,0 +1,421 @@
+//! `query-bench`: interactive queries under load, on a real local control plane (operator,
+//! pod runner) and broker (`bench/queries.sh`, docs/benchmarks.md "Interactive queries").
+//!
+//! 1. Latency: an app of 2 worker pods counts `--keys` keys while `--input-rate` records a
+//!    second flow in; single-key gets are sent at `--rate` a second (open loop: each is sent
+//!    when due whatever the earlier ones do, so a stall delays every answer it holds up) for
+//!    `--seconds`, first each to the pod holding the key's active copy (local), then each to
+//!    the other pod (forwarded). p50, p99, max, and the answers that were not 200.
+//! 2. Processing throughput: two identical apps each catch up a backlog of `--backlog`
+//!    records, the second while gets arrive at `--rate` a second; the ratio of their rates.
+
+use anyhow::{Context, Result, ensure};
+use clap::Parser;
+use eddy_e2e::operated::{Namespace, Operated, WAIT};
+use eddy_e2e::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "Interactive queries' latency and their cost to processing (see docs/benchmarks.md)"
+)]
+struct Args {
+    /// Single-key gets a second.
+    #[arg(long, default_value_t = 5000)]
+    rate: u64,
+    /// Seconds each latency phase lasts.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Distinct keys of the app's store.
+    #[arg(long, default_value_t = 10_000)]
+    keys: usize,
+    /// Input records a second while latency is measured.
+    #[arg(long, default_value_t = 2000)]
+    input_rate: u64,
+    /// Records each throughput app catches up.
+    #[arg(long, default_value_t = 10_000_000)]
+    backlog: usize,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+const PARTITIONS: i32 = 4;
+
+fn app_yaml(bs: &str, name: &str, input: &str, output: &str) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  replicas: 2
+  kafka: {{bootstrapServers: "{bs}"}}
+  cleanupPolicy: Delete
+  commitIntervalMs: 1000
+  topology:
+    - from: {{topic: {input}}}
+    - count: {{store: counts}}
+    - to: {{topic: {output}, value: i64}}
+"#
+    )
+}
+
+/// The query address of each pod of `app`.
+fn addresses(env: &Operated, ns: &str, app: &str) -> HashMap<String, String> {
+    (0..2)
+        .map(|i| format!("{app}-{i}"))
+        .filter_map(|pod| {
+            let a = env.get(
+                ns,
+                &format!("pod/{pod}"),
+                "{.metadata.annotations.e2e\\.eddy\\.dev/query-addr}",
+            );
+            (!a.is_empty()).then_some((pod, a))
+        })
+        .collect()
+}
+
+/// Every pod reports its tasks RUNNING and a query address.
+fn running(env: &Operated, ns: &str, app: &str) -> Result<bool> {
+    let v = env.app_json(ns, app)?;
+    let s: eddy_crds::resource::AppStatus =
+        serde_json::from_value(v["status"].clone()).unwrap_or_default();
+    let Some(a) = &s.assignment else {
+        return Ok(false);
+    };
+    Ok(a.pods.len() == 2
+        && a.pods.iter().all(|(pod, t)| {
+            !t.active.is_empty()
+                && s.workers.get(pod).is_some_and(|w| {
+                    w.applied_generation == a.generation
+                        && w.query_address.is_some()
+                        && t.active
+                            .iter()
+                            .all(|id| w.tasks.get(id).is_some_and(|t| t.state.name() == "RUNNING"))
+                })
+        })
+        && addresses(env, ns, app).len() == 2)
+}
+
+/// Latencies of one phase, in µs, and how many answers were not 200.
+#[derive(Default)]
+struct Phase {
+    latencies: Vec<u64>,
+    failed: usize,
+    first_failure: Option<String>,
+    elapsed: f64,
+}
+
+impl Phase {
+    fn pct(&self, p: f64) -> f64 {
+        let mut v = self.latencies.clone();
+        v.sort_unstable();
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+        v[i] as f64 / 1000.0
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "requests": self.latencies.len() + self.failed,
+            "failed": self.failed,
+            "per_second": (self.latencies.len() + self.failed) as f64 / self.elapsed,
+            "p50_ms": self.pct(0.5), "p99_ms": self.pct(0.99), "max_ms": self.pct(1.0),
+        })
+    }
+}
+
+/// `rate` gets a second for `seconds`, each key to the address `target` picks for it.
+fn query_load(
+    rt: &tokio::runtime::Runtime,
+    targets: Vec<(String, String)>,
+    rate: u64,
+    seconds: u64,
+) -> Phase {
+    let client = eddy_worker::query::client::client();
+    let out = Arc::new(Mutex::new(Phase::default()));
+    let started = Instant::now();
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        let total = rate * seconds;
+        for i in 0..total {
+            // Open loop: request i is due at i / rate, whatever the earlier ones do.
+            let due = started + Duration::from_micros(i * 1_000_000 / rate);
+            tokio::time::sleep_until(due.into()).await;
+            let (addr, key) = &targets[(i as usize * 7919) % targets.len()];
+            let url = format!("http://{addr}/stores/counts/keys/{key}");
+            let (client, out) = (client.clone(), out.clone());
+            // Timed from the send, not from `due`: the timer wakes up to 1 ms late, and the
+            // sender never waits for answers, so a slow server still meets every due request.
+            let sent = Instant::now();
+            tasks.push(tokio::spawn(async move {
+                let r = eddy_worker::query::client::fetch(&client, &url, &[]).await;
+                let took = sent.elapsed().as_micros() as u64;
+                let mut o = out
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match r {
+                    Ok((code, _, _)) if code.is_success() => o.latencies.push(took),
+                    Ok((code, _, body)) => {
+                        o.failed += 1;
+                        o.first_failure.get_or_insert_with(|| {
+                            format!("{code}: {}", String::from_utf8_lossy(&body))
+                        });
+                    }
+                    Err(e) => {
+                        o.failed += 1;
+                        o.first_failure.get_or_insert(e);
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    let mut phase = std::mem::take(
+        &mut *out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    phase.elapsed = started.elapsed().as_secs_f64();
+    phase
+}
+
+/// Records processed by both pods of `app`.
+fn processed(env: &Operated, ns: &str, app: &str) -> f64 {
+    (0..2)
+        .filter_map(|i| env.pod_metrics(ns, &format!("{app}-{i}")).ok())
+        .map(|t| sum_metric(&t, "eddy_records_processed_total", &[]))
+        .sum()
+}
+
+/// Start `app` on a topic holding `backlog` records and return its processing rate (records a
+/// second from its first processed record to its last), with `rate` gets a second to its pods
+/// meanwhile if `queries` (from when both pods serve queries, before processing starts).
+fn catch_up(
+    env: &Operated,
+    space: &Namespace,
+    app: &str,
+    (backlog, keys): (usize, usize),
+    rate: u64,
+    queries: bool,
+) -> Result<(f64, Option<Phase>)> {
+    let ns = space.name.as_str();
+    let input = space.topic(&format!("{app}-in"), PARTITIONS)?;
+    let output = space.topic(&format!("{app}-out"), PARTITIONS)?;
+    let records: Vec<Input> = (0..backlog)
+        .map(|i| {
+            (
+                Some(format!("k{}", i % keys).into_bytes()),
+                Some(b"{}".to_vec()),
+            )
+        })
+        .collect();
+    produce(&input, &records)?;
+    env.apply(ns, &app_yaml(&env.bs, app, &input, &output))?;
+    let total = backlog as f64;
+    let mut load = None;
+    let mut first: Option<(Instant, f64)> = None;
+    let deadline = Instant::now() + WAIT;
+    let done = loop {
+        ensure!(
+            Instant::now() < deadline,
+            "{app} did not catch up\n{}",
+            env.logs()
+        );
+        if queries && load.is_none() {
+            let addrs = addresses(env, ns, app);
+            if addrs.len() == 2 {
+                let targets: Vec<(String, String)> = addrs
+                    .into_values()
+                    .flat_map(|a| {
+                        (0..keys)
+                            .step_by(13)
+                            .map(move |k| (a.clone(), format!("k{k}")))
+                    })
+                    .collect();
+                // Long enough to cover the whole catch-up.
+                load = Some(std::thread::spawn(move || {
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(1)
+                        .enable_all()
+                        .build()
+                        .map(|rt| query_load(&rt, targets, rate, 40))
+                }));
+            }
+        }
+        let n = processed(env, ns, app);
+        let now = Instant::now();
+        if n > 0.0 && first.is_none() {
+            first = Some((now, n));
+        }
+        if n >= total {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (t0, n0) = first.context("nothing processed")?;
+    let rate = (total - n0) / (done - t0).as_secs_f64();
+    // This process (the load generator, the broker's client) shares the machine's cores.
+    let (_, cpu) = proc_stats(std::process::id())?;
+    eprintln!(
+        "query-bench: {app}: {:.1} s from the first processed record to the last; query-bench had used {cpu:.1} CPU-s so far",
+        (done - t0).as_secs_f64()
+    );
+    let phase = match load {
+        Some(h) => Some(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("the query load panicked"))??,
+        ),
+        None => None,
+    };
+    env.delete_apps(ns)?;
+    Ok((rate, phase))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let env = eddy_e2e::operated::shared(1, |_, _| Ok(()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+
+    // 1. Latency while the app processes a steady input.
+    let (input, output) = (
+        space.topic("qb-in", PARTITIONS)?,
+        space.topic("qb-out", PARTITIONS)?,
+    );
+    env.apply(ns, &app_yaml(&env.bs, "qb", &input, &output))?;
+    wait_until(WAIT, || running(env, ns, "qb")).with_context(|| env.logs())?;
+    let records: Vec<Input> = (0..args.keys)
+        .map(|i| (Some(format!("k{i}").into_bytes()), Some(b"{}".to_vec())))
+        .collect();
+    produce(&input, &records)?;
+    let addrs = addresses(env, ns, "qb");
+    let any = addrs.values().next().context("a pod")?.clone();
+    // Who holds each key's active copy: ask once (committed within the commit interval).
+    let client = eddy_worker::query::client::client();
+    let mut owner: HashMap<String, String> = HashMap::new();
+    wait_until(WAIT, || {
+        for k in (0..args.keys).step_by(10) {
+            let key = format!("k{k}");
+            if owner.contains_key(&key) {
+                continue;
+            }
+            let url = format!("http://{any}/stores/counts/keys/{key}");
+            let (code, _, body) = rt
+                .block_on(eddy_worker::query::client::fetch(&client, &url, &[]))
+                .map_err(|e| anyhow::anyhow!(e))?;
+            if code.is_success() {
+                let a: eddy_crds::query::KeyAnswer = serde_json::from_slice(&body)?;
+                if a.found {
+                    owner.insert(key, a.answered_by.pod);
+                }
+            }
+        }
+        Ok(owner.len() == args.keys.div_ceil(10))
+    })?;
+    let load = Load::start(&input, args.keys, args.input_rate)?;
+    let before = processed(env, ns, "qb");
+    let (mut local, mut forwarded) = (Vec::new(), Vec::new());
+    for (key, pod) in &owner {
+        for (p, addr) in &addrs {
+            let t = (addr.clone(), key.clone());
+            if p == pod {
+                local.push(t)
+            } else {
+                forwarded.push(t)
+            }
+        }
+    }
+    eprintln!(
+        "query-bench: {} gets/s for {} s to the pod holding each key",
+        args.rate, args.seconds
+    );
+    let local = query_load(&rt, local, args.rate, args.seconds);
+    eprintln!(
+        "query-bench: {} gets/s for {} s to the other pod (forwarded)",
+        args.rate, args.seconds
+    );
+    let forwarded = query_load(&rt, forwarded, args.rate, args.seconds);
+    let steady = processed(env, ns, "qb") - before;
+    load.stop()?;
+    env.delete_apps(ns)?;
+
+    // 2. Processing throughput with and without the query load.
+    eprintln!(
+        "query-bench: catching up {} records without queries, then with",
+        args.backlog
+    );
+    let (quiet, _) = catch_up(
+        env,
+        &space,
+        "tpa",
+        (args.backlog, args.keys),
+        args.rate,
+        false,
+    )?;
+    let (busy, during) = catch_up(
+        env,
+        &space,
+        "tpb",
+        (args.backlog, args.keys),
+        args.rate,
+        true,
+    )?;
+
+    let row = |name: &str, p: &Phase, target: f64| {
+        format!(
+            "| {name} | {:.0} | {:.2} | {:.2} | {:.2} | < {target} | {} |",
+            (p.latencies.len() + p.failed) as f64 / p.elapsed,
+            p.pct(0.5),
+            p.pct(0.99),
+            p.pct(1.0),
+            p.failed
+        )
+    };
+    println!("| gets | requests/s | p50 ms | p99 ms | max ms | p99 target | not 200 |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("{}", row("local (the pod holding the key)", &local, 2.0));
+    println!("{}", row("forwarded (the other pod)", &forwarded, 10.0));
+    if let Some(d) = &during {
+        println!("{}", row("during the catch-up (both pods)", d, 10.0));
+        if let Some(f) = &d.first_failure {
+            eprintln!("query-bench: first failed get during the catch-up: {f}");
+        }
+    }
+    for p in [&local, &forwarded] {
+        if let Some(f) = &p.first_failure {
+            eprintln!("query-bench: first failed get: {f}");
+        }
+    }
+    eprintln!(
+        "query-bench: {steady:.0} records processed while the latency was measured ({} a second came in)",
+        args.input_rate
+    );
+    println!(
+        "catch-up of {} records: {quiet:.0} records/s without queries, {busy:.0} with {} gets/s: ratio {:.2} (target >= 0.90)",
+        args.backlog,
+        args.rate,
+        busy / quiet
+    );
+    if let Some(path) = &args.json {
+        let j = serde_json::json!({
+            "rate": args.rate, "seconds": args.seconds, "keys": args.keys,
+            "input_rate": args.input_rate, "backlog": args.backlog,
+            "local": local.json(), "forwarded": forwarded.json(),
+            "during_catch_up": during.as_ref().map(Phase::json),
+            "catch_up_records_per_second": {"without_queries": quiet, "with_queries": busy, "ratio": busy / quiet},
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
+    }
+    ensure!(!local.latencies.is_empty(), "no get was answered");
+    Ok(())
+}
