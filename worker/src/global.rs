@@ -82,6 +82,8 @@ pub struct GlobalThreads {
     threads: Vec<(String, JoinHandle<Result<(), GlobalError>>)>,
     /// A thread stopped with an error (and was removed from `threads`).
     failed: bool,
+    /// Offered to queries (once every table caught up).
+    pub queryable: bool,
 }
 
 impl GlobalThreads {
@@ -135,6 +137,7 @@ impl GlobalThreads {
             stop,
             threads,
             failed: false,
+            queryable: false,
         })
     }
 

@@ -302,6 +302,7 @@ pub fn run(
     };
     let result = m.supervise();
     if let Some(g) = m.globals.take() {
+        m.status.queries.withdraw_global();
         g.stop();
     }
     m.status.ready.store(false, Ordering::Relaxed);
@@ -490,6 +491,7 @@ impl Manager<'_> {
         if self.globals.as_ref().is_some_and(|g| !g.running())
             && let Some(g) = self.globals.take()
         {
+            self.status.queries.withdraw_global();
             g.stop();
         }
         // A new consumer too: after every broker went away, librdkafka's consumer can stay
@@ -751,9 +753,10 @@ impl Manager<'_> {
                     r.global_backlog = backlog;
                 }
                 let restored = g.restored();
-                if restored {
+                if restored && !g.queryable {
                     // Queries read a global table once it has caught up, not half-restored.
                     self.status.queries.set_global(&g.stores);
+                    g.queryable = true;
                 }
                 Ok(restored)
             }

@@ -135,14 +135,15 @@ impl StoreDef {
         }
     }
 
-    /// The store of table `name` of `spec.tables`: versioned if the table is; else each
-    /// value carries its record's timestamp (for the timestamps of table-table joins).
-    pub fn table(name: &str, t: &eddy_crds::TableSpec) -> Self {
+    /// The store of table `name` of `spec.tables`: versioned if the table is; else, when its
+    /// updates go on to a table-table join (`forwarded`), each value carries its record's
+    /// timestamp (the joined result's), as [`crate::steps::join::TableSource`] writes it.
+    pub fn table(name: &str, t: &eddy_crds::TableSpec, forwarded: bool) -> Self {
         let store = t.store_name(name);
         match &t.versioned {
             Some(v) => Self::versioned(store, t.key, t.value, v.history),
             None => Self {
-                stamped: true,
+                stamped: forwarded,
                 ..Self::key_value(store, t.key, t.value)
             },
         }
@@ -387,7 +388,7 @@ impl Topology {
             cur = cur
                 .processor(move || Box::new(source.clone()))
                 .named(format!("table-{name}"), &[t.store_name(name)])
-                .store(StoreDef::table(name, t));
+                .store(StoreDef::table(name, t, true));
             cur.inputs[0].table = Some(name.to_string());
         }
         let budget = Duration::from_millis(
@@ -790,7 +791,7 @@ fn with_inputs(
             })
             .processor(move || Box::new(source.clone()))
             .named(format!("table-{name}"), &[t.store_name(name)])
-            .store(StoreDef::table(name, t));
+            .store(StoreDef::table(name, t, join.is_some()));
         if let Some(input) = sub.inputs.last_mut() {
             input.table = Some(name.to_string());
         }

@@ -188,6 +188,9 @@ struct Replica {
     stores: Vec<ReplicaStore>,
     /// Reached the changelogs' end at least once (RESTORING before, RUNNING after).
     caught_up: bool,
+    /// Offered to queries (once caught up: a copy still restoring would answer from a
+    /// fraction of the state).
+    queryable: bool,
 }
 
 impl Replica {
@@ -287,6 +290,7 @@ impl State {
             self.poll();
             if Instant::now() >= next_apply {
                 self.apply_all();
+                self.offer_to_queries();
                 self.publish();
                 next_apply = Instant::now() + APPLY_EVERY;
             }
@@ -514,11 +518,9 @@ impl State {
             db,
             stores,
             caught_up: false,
+            queryable: false,
         };
         tracing::info!(task = %id, %role, lag = ?r.lag(), "following the task's changelogs");
-        if let Some(db) = &r.db {
-            self.status.queries.publish(id, Holder::Replica, db);
-        }
         self.replicas.push(r);
         Ok(())
     }
@@ -660,6 +662,20 @@ impl State {
     }
 
     /// The replicas' entries for this worker's report, and the lag metrics.
+    /// Replicas that caught up answer queries from now on (until they close).
+    fn offer_to_queries(&mut self) {
+        for r in self
+            .replicas
+            .iter_mut()
+            .filter(|r| r.caught_up && !r.queryable)
+        {
+            if let Some(db) = &r.db {
+                self.status.queries.publish(r.id, Holder::Replica, db);
+            }
+            r.queryable = true;
+        }
+    }
+
     fn publish(&self) {
         let report: std::collections::BTreeMap<String, TaskStatus> = self
             .replicas
@@ -776,6 +792,7 @@ mod tests {
                 },
             }],
             caught_up: false,
+            queryable: false,
         }
     }
 

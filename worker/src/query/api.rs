@@ -32,6 +32,33 @@ use std::sync::Arc;
 struct Api {
     status: Arc<Status>,
     client: HttpClient,
+    /// Requests being answered; beyond [`MAX_IN_FLIGHT`] a request is refused at once.
+    in_flight: Arc<tokio::sync::Semaphore>,
+}
+
+/// Requests one worker answers at once (forwarded ones included); more get a 503 with
+/// Retry-After instead of queueing without bound.
+pub const MAX_IN_FLIGHT: usize = 256;
+/// The longest a request may take (a forwarded one included), then it gets a 503.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Every request: within [`MAX_IN_FLIGHT`] and [`REQUEST_TIMEOUT`].
+async fn bounded(
+    State(api): State<Api>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Ok(_permit) = api.in_flight.clone().try_acquire_owned() else {
+        return Problem::retry(format!(
+            "this worker is answering {MAX_IN_FLIGHT} queries already"
+        ))
+        .into_response();
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => Problem::retry(format!("no answer within {} s", REQUEST_TIMEOUT.as_secs()))
+            .into_response(),
+    }
 }
 
 /// The query routes, answering from `status.queries`.
@@ -39,6 +66,7 @@ pub fn router(status: Arc<Status>) -> Router {
     let api = Api {
         status,
         client: client(),
+        in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
     };
     Router::new()
         .route("/stores", get(stores))
@@ -46,6 +74,7 @@ pub fn router(status: Arc<Status>) -> Router {
         .route("/stores/{store}/keys/{key}", get(key))
         .route("/stores/{store}/keys/{key}/windows", get(key_windows))
         .route("/stores/{store}/windows", get(all_windows))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), bounded))
         .with_state(api)
 }
 
@@ -442,9 +471,19 @@ async fn scatter(
         let (read, by) = local_global(api, info, layout, &[], req).await?;
         return Ok(page(info, vec![(read, by)], limit));
     };
+    let n = partitions(info, layout)?;
     let wanted: Vec<i32> = match p.int("partition")? {
-        Some(one) => vec![i32::try_from(one).map_err(|_| Problem::bad("partition: out of range"))?],
-        None => (0..partitions(info, layout)?).collect(),
+        Some(one) => match i32::try_from(one) {
+            Ok(one) if (0..n).contains(&one) => vec![one],
+            _ => {
+                return Err(Problem::bad(format!(
+                    "partition={one}: store {} has partitions 0 to {}",
+                    info.name,
+                    n - 1
+                )));
+            }
+        },
+        None => (0..n).collect(),
     };
     let asked_for_one = p.text("partition").is_some();
     let mut parts = Vec::new();

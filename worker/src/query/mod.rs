@@ -136,6 +136,9 @@ pub enum Holder {
 struct Held {
     holder: Holder,
     db: Weak<TaskDb>,
+    /// Held for reading while a query reads this copy; [`Catalog::withdraw`] takes it for
+    /// writing, so it waits for the reads of this copy only.
+    gate: RwLock<()>,
 }
 
 /// The app's stores and the copies of them this worker can answer from.
@@ -143,7 +146,7 @@ struct Held {
 pub struct Catalog {
     // Behind `Arc`s: every request reads them, a start or a watch event replaces them.
     layout: RwLock<Arc<Layout>>,
-    copies: RwLock<HashMap<TaskId, Held>>,
+    copies: RwLock<HashMap<TaskId, Arc<Held>>>,
     global: RwLock<Option<Weak<GlobalStores>>>,
     cluster: RwLock<Option<Arc<Cluster>>>,
 }
@@ -228,10 +231,11 @@ impl Catalog {
 
     /// Make a task's copy answer queries.
     pub fn publish(&self, task: TaskId, holder: Holder, db: &Arc<TaskDb>) {
-        let held = Held {
+        let held = Arc::new(Held {
             holder,
             db: Arc::downgrade(db),
-        };
+            gate: RwLock::new(()),
+        });
         self.copies
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -241,14 +245,27 @@ impl Catalog {
     /// Stop answering from a task's copy; returns once no query reads it any more, so the
     /// caller may close its database (and this worker open it again, as another role).
     pub fn withdraw(&self, task: TaskId, holder: Holder) {
-        let mut copies = self.copies.write().unwrap_or_else(PoisonError::into_inner);
-        if copies.get(&task).is_some_and(|h| h.holder == holder) {
-            copies.remove(&task);
+        let held = {
+            let mut copies = self.copies.write().unwrap_or_else(PoisonError::into_inner);
+            match copies.get(&task) {
+                Some(h) if h.holder == holder => copies.remove(&task),
+                _ => None,
+            }
+        };
+        if let Some(h) = held {
+            drop(h.gate.write().unwrap_or_else(PoisonError::into_inner));
         }
     }
 
+    /// Make the global tables answer queries (once they caught up).
     pub fn set_global(&self, stores: &Arc<GlobalStores>) {
         *self.global.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::downgrade(stores));
+    }
+
+    /// Stop answering from the global tables; returns once no query reads them, so they may
+    /// close (and open again).
+    pub fn withdraw_global(&self) {
+        *self.global.write().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     pub fn set_cluster(&self, cluster: Cluster) {
@@ -270,8 +287,8 @@ impl Catalog {
     /// Run `f` on this worker's copy of `task`, if it has one; the copy is not closed while
     /// `f` runs ([`Self::withdraw`] waits for it).
     pub fn with_copy<T>(&self, task: TaskId, f: impl FnOnce(Holder, &TaskDb) -> T) -> Option<T> {
-        let copies = read(&self.copies);
-        let held = copies.get(&task)?;
+        let held = read(&self.copies).get(&task)?.clone();
+        let _reading = read(&held.gate);
         let db = held.db.upgrade()?;
         Some(f(held.holder, &db))
     }

@@ -246,9 +246,10 @@ pub fn json(
 }
 
 /// The stored bytes of a key given as text: a `string` key is the text itself, an `i64` key
-/// a decimal number, a `json` key a JSON document (text that is not JSON is taken as a JSON
-/// string, so `u1` finds the key `"u1"`), a `bytes` key a JSON array of numbers 0..255 or
-/// else the text's UTF-8 bytes.
+/// a decimal number, a `json` key its JSON text exactly (a store keyed as its source topic
+/// keeps the producer's bytes; a `groupBy` writes compact JSON), or, for text that is not
+/// JSON, that text as a JSON string (`u1` finds `"u1"`); a `bytes` key a JSON array of
+/// numbers 0..255, or else the text's UTF-8 bytes.
 pub fn key_bytes(f: eddy_crds::Format, text: &str) -> Result<Vec<u8>, String> {
     use eddy_crds::Format;
     match f {
@@ -258,11 +259,14 @@ pub fn key_bytes(f: eddy_crds::Format, text: &str) -> Result<Vec<u8>, String> {
             .parse::<i64>()
             .map(|n| n.to_be_bytes().to_vec())
             .map_err(|_| format!("{text:?} is not an i64 (a decimal integer)")),
-        Format::Json => {
-            let v = format::decode(Format::Json, text.as_bytes())
-                .unwrap_or_else(|_| format::Val::utf8_str(text.as_bytes().to_vec()));
-            format::encode(Format::Json, &v).map_err(|e| e.to_string())
-        }
+        Format::Json => match format::decode(Format::Json, text.as_bytes()) {
+            Ok(_) => Ok(text.as_bytes().to_vec()),
+            Err(_) => format::encode(
+                Format::Json,
+                &format::Val::utf8_str(text.as_bytes().to_vec()),
+            )
+            .map_err(|e| e.to_string()),
+        },
         Format::Bytes => match format::decode(Format::Json, text.as_bytes()) {
             Ok(v @ format::Val::Arr(_)) => {
                 format::encode(Format::Bytes, &v).map_err(|e| e.to_string())

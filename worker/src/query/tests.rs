@@ -236,9 +236,13 @@ fn a_json_keyed_store_is_asked_with_json_or_bare_text() {
     assert_eq!(lookup("u1"), u1, "bare text is a JSON string");
     assert_eq!(lookup(r#""u1""#), u1);
     assert_eq!(
-        lookup(r#"{ "id" : 7 }"#),
+        lookup(r#"{"id":7}"#),
         Some(kv(json!({"id": 7}), json!([1, 2]), None)),
-        "the key's JSON, however spaced"
+    );
+    assert_eq!(
+        lookup(r#"{ "id" : 7 }"#),
+        None,
+        "the key's JSON text exactly: a source topic's keys are stored as produced"
     );
     assert_eq!(lookup("12"), Some(kv(json!(12), json!(true), None)));
     assert_eq!(lookup("u2"), None);
@@ -703,7 +707,8 @@ fn key_bytes_reads_a_key_in_each_format() {
     assert_eq!(kb(Format::Json, r#""u1""#), Ok(br#""u1""#.to_vec()));
     assert_eq!(
         kb(Format::Json, r#"{ "id": 7, "n": [1, 2] }"#),
-        Ok(br#"{"id":7,"n":[1,2]}"#.to_vec())
+        Ok(br#"{ "id": 7, "n": [1, 2] }"#.to_vec()),
+        "JSON as typed"
     );
     assert_eq!(kb(Format::Json, "12"), Ok(b"12".to_vec()));
     assert_eq!(kb(Format::Json, "null"), Ok(b"null".to_vec()));
@@ -1223,4 +1228,36 @@ async fn two_workers_answer_every_key_forwarding_to_each_other() {
         assert_eq!(got.answered_by.pod, PODS[0]);
     }
     drop(dbs);
+}
+
+/// A table's values carry their record's timestamp only when its updates go on to a
+/// table-table join (as `TableSource` writes them): queries must read each as written.
+#[test]
+fn only_tables_feeding_a_table_join_are_read_with_timestamps() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for (example, store, stamped) in [
+        ("examples/orders-enriched.yaml", "customers", false),
+        ("examples/customer-accounts.yaml", "customers", true),
+        ("examples/customer-accounts.yaml", "accounts", true),
+    ] {
+        let text = std::fs::read_to_string(repo.join(example)).expect("example");
+        let cfg = crate::config::WorkerConfig::from_text(
+            &text,
+            Path::new(example),
+            crate::config::Overrides {
+                bootstrap_servers: Some("unused:9092".into()),
+                ..Default::default()
+            },
+        )
+        .expect("config");
+        let catalog = super::Catalog::default();
+        catalog.set_app(&cfg);
+        let layout = catalog.layout();
+        let info = layout
+            .stores
+            .iter()
+            .find(|s| s.name == store)
+            .expect("store");
+        assert_eq!(info.stamped, stamped, "{example}: {store}");
+    }
 }
