@@ -381,9 +381,10 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         follow_assignment: link.is_some(),
         ..Default::default()
     });
-    // Two threads: queries (and forwarding them) beside the operator link and /metrics.
+    // One thread serves everything async (the operator link, /metrics, queries): with two,
+    // a get cost the workers 50 µs of CPU instead of 34 (wake-ups between the threads).
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .enable_all()
         .build()
         .context("starting the async runtime")?;

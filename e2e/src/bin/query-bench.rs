@@ -5,9 +5,13 @@
 //!    second flow in; single-key gets are sent at `--rate` a second (open loop: each is sent
 //!    when due whatever the earlier ones do, so a stall delays every answer it holds up) for
 //!    `--seconds`, first each to the pod holding the key's active copy (local), then each to
-//!    the other pod (forwarded). p50, p99, max, and the answers that were not 200.
-//! 2. Processing throughput: two identical apps each catch up a backlog of `--backlog`
-//!    records, the second while gets arrive at `--rate` a second; the ratio of their rates.
+//!    the other pod (forwarded). p50, p99, max, the answers that were not 200, and the CPU
+//!    each get cost the workers (their CPU over the phase, less what a phase as long without
+//!    gets cost them) and the client.
+//! 2. Processing throughput: identical apps each catch up a backlog of `--backlog` records,
+//!    in `--pairs` pairs (without gets, then while gets arrive at `--rate` a second, so drift
+//!    of the machine over the run hits both sides); the ratio of each pair's rates, and their
+//!    median.
 
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
@@ -37,6 +41,9 @@ struct Args {
     /// Records each throughput app catches up.
     #[arg(long, default_value_t = 10_000_000)]
     backlog: usize,
+    /// Catch-ups without and with gets, alternating.
+    #[arg(long, default_value_t = 2)]
+    pairs: usize,
     /// Also write the results as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -185,12 +192,32 @@ fn query_load(
     phase
 }
 
-/// Records processed by both pods of `app`.
-fn processed(env: &Operated, ns: &str, app: &str) -> f64 {
+/// Sum of a metric over both pods of `app`.
+fn pods_sum(env: &Operated, ns: &str, app: &str, metric: &str) -> f64 {
     (0..2)
         .filter_map(|i| env.pod_metrics(ns, &format!("{app}-{i}")).ok())
-        .map(|t| sum_metric(&t, "eddy_records_processed_total", &[]))
+        .map(|t| sum_metric(&t, metric, &[]))
         .sum()
+}
+
+/// Records processed by both pods of `app`.
+fn processed(env: &Operated, ns: &str, app: &str) -> f64 {
+    pods_sum(env, ns, app, "eddy_records_processed_total")
+}
+
+/// CPU-seconds both pods' workers have used, and this process.
+fn cpu(env: &Operated, ns: &str, app: &str) -> Result<(f64, f64)> {
+    let (_, me) = proc_stats(std::process::id())?;
+    Ok((pods_sum(env, ns, app, "process_cpu_seconds_total"), me))
+}
+
+/// CPU µs per get of a phase, the workers' and the client's, beyond `idle` (their CPU-s a
+/// second without gets: the input, and in this process its producer).
+fn per_get(p: &Phase, before: (f64, f64), after: (f64, f64), idle: (f64, f64)) -> (f64, f64) {
+    let n = (p.latencies.len() + p.failed).max(1) as f64;
+    let workers = (after.0 - before.0 - idle.0 * p.elapsed).max(0.0);
+    let client = (after.1 - before.1 - idle.1 * p.elapsed).max(0.0);
+    (workers / n * 1e6, client / n * 1e6)
 }
 
 /// Start `app` on a topic holding `backlog` records and return its processing rate (records a
@@ -229,7 +256,11 @@ fn catch_up(
         );
         if queries && load.is_none() {
             let addrs = addresses(env, ns, app);
-            if addrs.len() == 2 {
+            // Both workers listening: gets refused before that would cost the pods nothing.
+            let listening = addrs
+                .values()
+                .all(|a| std::net::TcpStream::connect(a).is_ok());
+            if addrs.len() == 2 && listening {
                 let targets: Vec<(String, String)> = addrs
                     .into_values()
                     .flat_map(|a| {
@@ -324,6 +355,12 @@ fn main() -> Result<()> {
     })?;
     let load = Load::start(&input, args.keys, args.input_rate)?;
     let before = processed(env, ns, "qb");
+    // What the workers spend on the input alone, to take from the phases with gets.
+    let (c0, t0) = (cpu(env, ns, "qb")?, Instant::now());
+    std::thread::sleep(Duration::from_secs(args.seconds));
+    let c = cpu(env, ns, "qb")?;
+    let secs = t0.elapsed().as_secs_f64();
+    let idle = ((c.0 - c0.0) / secs, (c.1 - c0.1) / secs);
     let (mut local, mut forwarded) = (Vec::new(), Vec::new());
     for (key, pod) in &owner {
         for (p, addr) in &addrs {
@@ -339,12 +376,17 @@ fn main() -> Result<()> {
         "query-bench: {} gets/s for {} s to the pod holding each key",
         args.rate, args.seconds
     );
+    let c1 = cpu(env, ns, "qb")?;
     let local = query_load(&rt, local, args.rate, args.seconds);
+    let c2 = cpu(env, ns, "qb")?;
     eprintln!(
         "query-bench: {} gets/s for {} s to the other pod (forwarded)",
         args.rate, args.seconds
     );
     let forwarded = query_load(&rt, forwarded, args.rate, args.seconds);
+    let c3 = cpu(env, ns, "qb")?;
+    let local_cpu = per_get(&local, c1, c2, idle);
+    let forwarded_cpu = per_get(&forwarded, c2, c3, idle);
     let steady = processed(env, ns, "qb") - before;
     load.stop()?;
     env.delete_apps(ns)?;
@@ -354,26 +396,30 @@ fn main() -> Result<()> {
         "query-bench: catching up {} records without queries, then with",
         args.backlog
     );
-    let (quiet, _) = catch_up(
-        env,
-        &space,
-        "tpa",
-        (args.backlog, args.keys),
-        args.rate,
-        false,
-    )?;
-    let (busy, during) = catch_up(
-        env,
-        &space,
-        "tpb",
-        (args.backlog, args.keys),
-        args.rate,
-        true,
-    )?;
+    let mut pairs: Vec<(f64, f64)> = Vec::new();
+    let mut during = None;
+    for i in 0..args.pairs.max(1) {
+        let size = (args.backlog, args.keys);
+        let (quiet, _) = catch_up(env, &space, &format!("tpa{i}"), size, args.rate, false)?;
+        let (busy, d) = catch_up(env, &space, &format!("tpb{i}"), size, args.rate, true)?;
+        eprintln!(
+            "query-bench: pair {i}: {quiet:.0} records/s without gets, {busy:.0} with: ratio {:.2}",
+            busy / quiet
+        );
+        pairs.push((quiet, busy));
+        during = d;
+    }
+    let mut ratios: Vec<f64> = pairs.iter().map(|(q, b)| b / q).collect();
+    ratios.sort_by(f64::total_cmp);
+    let median = match ratios.len() {
+        n if n % 2 == 1 => ratios[n / 2],
+        n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
+    };
 
-    let row = |name: &str, p: &Phase, target: f64| {
+    let row = |name: &str, p: &Phase, target: f64, cpu: Option<(f64, f64)>| {
+        let cpu = cpu.map_or("| | ".into(), |(w, c)| format!("| {w:.0} | {c:.0} "));
         format!(
-            "| {name} | {:.0} | {:.2} | {:.2} | {:.2} | < {target} | {} |",
+            "| {name} | {:.0} | {:.2} | {:.2} | {:.2} | < {target} | {} {cpu}|",
             (p.latencies.len() + p.failed) as f64 / p.elapsed,
             p.pct(0.5),
             p.pct(0.99),
@@ -381,12 +427,33 @@ fn main() -> Result<()> {
             p.failed
         )
     };
-    println!("| gets | requests/s | p50 ms | p99 ms | max ms | p99 target | not 200 |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    println!("{}", row("local (the pod holding the key)", &local, 2.0));
-    println!("{}", row("forwarded (the other pod)", &forwarded, 10.0));
+    println!(
+        "| gets | requests/s | p50 ms | p99 ms | max ms | p99 target | not 200 | workers' CPU µs/get | client's CPU µs/get |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "{}",
+        row(
+            "local (the pod holding the key)",
+            &local,
+            2.0,
+            Some(local_cpu)
+        )
+    );
+    println!(
+        "{}",
+        row(
+            "forwarded (the other pod)",
+            &forwarded,
+            10.0,
+            Some(forwarded_cpu)
+        )
+    );
     if let Some(d) = &during {
-        println!("{}", row("during the catch-up (both pods)", d, 10.0));
+        println!(
+            "{}",
+            row("during the last catch-up (both pods)", d, 10.0, None)
+        );
         if let Some(f) = &d.first_failure {
             eprintln!("query-bench: first failed get during the catch-up: {f}");
         }
@@ -401,18 +468,27 @@ fn main() -> Result<()> {
         args.input_rate
     );
     println!(
-        "catch-up of {} records: {quiet:.0} records/s without queries, {busy:.0} with {} gets/s: ratio {:.2} (target >= 0.90)",
-        args.backlog,
-        args.rate,
-        busy / quiet
+        "| catch-up of {} records | without gets, records/s | with {} gets/s | ratio |",
+        args.backlog, args.rate
     );
+    println!("|---|---:|---:|---:|");
+    for (i, (q, b)) in pairs.iter().enumerate() {
+        println!("| pair {} | {q:.0} | {b:.0} | {:.2} |", i + 1, b / q);
+    }
+    println!("| median | | | **{median:.2}** (target >= 0.90) |");
     if let Some(path) = &args.json {
         let j = serde_json::json!({
             "rate": args.rate, "seconds": args.seconds, "keys": args.keys,
             "input_rate": args.input_rate, "backlog": args.backlog,
             "local": local.json(), "forwarded": forwarded.json(),
+            "cpu_us_per_get": {"local": {"workers": local_cpu.0, "client": local_cpu.1},
+                "forwarded": {"workers": forwarded_cpu.0, "client": forwarded_cpu.1},
+                "without_gets_cpu_per_second": {"workers": idle.0, "client": idle.1}},
             "during_catch_up": during.as_ref().map(Phase::json),
-            "catch_up_records_per_second": {"without_queries": quiet, "with_queries": busy, "ratio": busy / quiet},
+            "catch_up_records_per_second": pairs.iter()
+                .map(|(q, b)| serde_json::json!({"without_queries": q, "with_queries": b, "ratio": b / q}))
+                .collect::<Vec<_>>(),
+            "catch_up_ratio_median": median,
         });
         std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
     }
