@@ -310,7 +310,8 @@ pub struct Measure {
     /// Windowed cases: bytes on disk of the app's state at the end of the run (eddy: its
     /// state dir, i.e. every task's RocksDB; Kafka Streams: `state.dir/<application.id>`).
     pub disk: Option<u64>,
-    /// Kafka Streams only: the reference app's own JSON lines.
+    /// Kafka Streams: the reference app's own JSON lines; eddy: `memory_at_peak_mib`, the
+    /// worker's `eddy_memory_bytes` parts when its peak RSS was reached.
     pub extra: Value,
 }
 
@@ -531,9 +532,16 @@ fn run_eddy(yaml: &str, dir: &Path, processed: usize) -> Result<Measure> {
     // A worker that stops making progress (a hang, not slowness) fails the run at once
     // instead of holding it for half an hour.
     let (mut last, mut moved) = (-1.0, Instant::now());
+    // Where the memory was when the peak RSS was reached (the worker's `eddy_memory_bytes`).
+    let (mut at_peak, mut peak_seen) = (json!({}), 0);
     loop {
         s.sample();
-        if let Ok(v) = w.metric("eddy_records_processed_total", &[]) {
+        if let Ok(text) = w.metrics() {
+            if s.rss > peak_seen {
+                peak_seen = s.rss;
+                at_peak = memory_parts(&text, s.rss);
+            }
+            let v = sum_metric(&text, "eddy_records_processed_total", &[]);
             if v >= processed as f64 {
                 break;
             }
@@ -579,12 +587,35 @@ fn run_eddy(yaml: &str, dir: &Path, processed: usize) -> Result<Measure> {
     if code != 0 {
         bail!("eddy exited with {code}:\n{}", w.logs());
     }
+    if !at_peak.as_object().is_some_and(|o| o.is_empty()) {
+        eprintln!("eddy's memory at its peak RSS (MiB): {at_peak}");
+    }
     Ok(Measure {
         seconds,
         cpu: s.cpu.max(cpu),
         rss: s.rss.max(rss),
+        extra: json!({ "memory_at_peak_mib": at_peak }),
         ..Measure::default()
     })
+}
+
+/// The worker's `eddy_memory_bytes` parts and `rss`, in MiB.
+fn memory_parts(metrics: &str, rss: u64) -> Value {
+    let mib = |b: f64| (b / 1048576.0 * 10.0).round() / 10.0;
+    let mut parts = serde_json::Map::new();
+    parts.insert("rss".into(), json!(mib(rss as f64)));
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("eddy_memory_bytes{part=\"") else {
+            continue;
+        };
+        let Some((part, value)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        if let Ok(v) = value.trim().parse::<f64>() {
+            parts.insert(part.to_string(), json!(mib(v)));
+        }
+    }
+    Value::Object(parts)
 }
 
 /// eddy's restore: delete the state dir, start → `/readyz` 200 (every task restored and
@@ -1077,7 +1108,8 @@ pub fn measure_json(x: &Measure, n: usize) -> Value {
             "restored_records": x.restored_records,
             "restore_from_start_seconds": x.restore_from_start,
             "state_disk_bytes": x.disk,
-            "kstreams": x.extra,
+            // Kafka Streams: the reference app's own lines; eddy: its memory at the peak RSS.
+            "details": x.extra,
     })
 }
 

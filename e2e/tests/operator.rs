@@ -215,6 +215,14 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
             "{pod}: {w}"
         );
         ensure!(sum_metric(&w, "process_open_fds", &[]) > 3.0, "{pod}: {w}");
+        // Where the memory is: the allocator's heap, RocksDB's parts and the budget.
+        ensure!(
+            sum_metric(&w, "eddy_memory_bytes", &["part=\"heap_resident\""]) > 1e6
+                && w.contains("eddy_memory_bytes{part=\"rocksdb_memtables\"}")
+                && w.contains("eddy_memory_bytes{part=\"record_cache\"}")
+                && sum_metric(&w, "eddy_memory_budget_bytes", &[]) >= 16.0 * 1048576.0,
+            "{pod}: {w}"
+        );
         ensure!(
             sum_metric(&w, "process_max_fds", &[]) >= 1024.0,
             "{pod}: {w}"

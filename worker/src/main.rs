@@ -25,6 +25,28 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[unsafe(export_name = "malloc_conf")]
 pub static MALLOC_CONF: &u8 = &b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0\0"[0];
 
+/// The allocator's view of the heap, for `eddy_memory_bytes`: what is allocated (RocksDB,
+/// librdkafka, the caches, everything) and the pages jemalloc holds for it.
+struct JemallocUse;
+
+impl eddy_worker::metrics::MemoryUse for JemallocUse {
+    fn memory_parts(&self) -> Vec<(&'static str, i64)> {
+        use tikv_jemalloc_ctl::{epoch, stats};
+        // The statistics are a snapshot taken when the epoch advances.
+        if epoch::advance().is_err() {
+            return Vec::new();
+        }
+        let clamp = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        [
+            ("heap_allocated", stats::allocated::read()),
+            ("heap_resident", stats::resident::read()),
+        ]
+        .into_iter()
+        .filter_map(|(part, bytes)| Some((part, clamp(bytes.ok()?))))
+        .collect()
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "eddy-worker",
@@ -363,6 +385,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         },
     )?;
     let metrics = Arc::new(Metrics::new());
+    metrics.add_memory_source(Arc::new(JemallocUse));
     // Under the operator (EDDY_ASSIGNMENT=operator, set in the pod template) the worker runs
     // the tasks assigned to its pod instead of all of them.
     let link = match std::env::var("EDDY_ASSIGNMENT").as_deref() {

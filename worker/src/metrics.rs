@@ -1,15 +1,18 @@
 //! Prometheus metrics of a worker, in OpenMetrics text on `/metrics`. Names follow Kafka
 //! Streams' where one exists (`records processed`, `restore remaining`, `task state`...).
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::collections::HashSet;
-use std::sync::Mutex;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TaskLabels {
@@ -65,6 +68,61 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// Something that knows how much memory one part of the process holds, read at each scrape
+/// of `eddy_memory_bytes` (RocksDB's shared cache, the allocator).
+pub trait MemoryUse: Send + Sync {
+    /// `(part, bytes)` pairs; a part's name is the `part` label.
+    fn memory_parts(&self) -> Vec<(&'static str, i64)>;
+}
+
+/// `eddy_memory_bytes{part}` and `eddy_memory_budget_bytes`: where the process's memory goes,
+/// so an RSS over `memory.budget` can be told apart (RocksDB, record caches, the allocator).
+#[derive(Clone, Default)]
+struct MemoryCollector {
+    sources: Arc<Mutex<Vec<Arc<dyn MemoryUse>>>>,
+    record_cache: Arc<AtomicI64>,
+    budget: Arc<AtomicI64>,
+}
+
+impl std::fmt::Debug for MemoryCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoryCollector")
+    }
+}
+
+impl Collector for MemoryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sources = self
+            .sources
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut parts = vec![("record_cache", self.record_cache.load(Ordering::Relaxed))];
+        parts.extend(sources.iter().flat_map(|s| s.memory_parts()));
+        let mut family = encoder.encode_descriptor(
+            "eddy_memory_bytes",
+            "Memory the worker holds, by part: rocksdb_blocks and rocksdb_memtables (the shared cache memory.budget bounds), record_cache (every task's record cache), heap_allocated and heap_resident (all allocations, and the pages the allocator holds for them)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (part, bytes) in parts {
+            let labels = [("part", part)];
+            ConstGauge::new(bytes).encode(family.encode_family(&labels)?)?;
+        }
+        let budget = self.budget.load(Ordering::Relaxed);
+        if budget > 0 {
+            let g = ConstGauge::new(budget);
+            g.encode(encoder.encode_descriptor(
+                "eddy_memory_budget_bytes",
+                "The app's memory.budget: the state memory (RocksDB and record caches) the worker keeps within",
+                None,
+                g.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
+}
+
 /// Every metric a worker exports.
 pub struct Metrics {
     pub registry: Registry,
@@ -88,6 +146,7 @@ pub struct Metrics {
     pub standby_updated: Family<StoreLabels, Counter>,
     /// The partitions `consumer_lag` has series for (a Family cannot list its own).
     lag_partitions: Mutex<HashSet<PartitionLabels>>,
+    memory: MemoryCollector,
 }
 
 impl Default for Metrics {
@@ -119,6 +178,7 @@ impl Metrics {
             standby_lag: Family::default(),
             standby_updated: Family::default(),
             lag_partitions: Mutex::default(),
+            memory: MemoryCollector::default(),
             registry: Registry::default(),
         };
         let r = registry.sub_registry_with_prefix("eddy");
@@ -209,6 +269,7 @@ impl Metrics {
             "Changelog records applied to standby and warm-up stores, per task and store",
             m.standby_updated.clone(),
         );
+        registry.register_collector(Box::new(m.memory.clone()));
         // Standard names, without the prefix.
         eddy_telemetry::register_process_metrics(&mut registry);
         Metrics { registry, ..m }
@@ -268,10 +329,55 @@ impl Metrics {
         }
     }
 
+    /// Report `source`'s parts in `eddy_memory_bytes` from now on.
+    pub fn add_memory_source(&self, source: Arc<dyn MemoryUse>) {
+        self.memory
+            .sources
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(source);
+    }
+
+    /// The bytes of every task's record cache together, and the app's `memory.budget`.
+    pub fn set_state_memory(&self, record_cache: usize, budget: usize) {
+        let clamp = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.memory
+            .record_cache
+            .store(clamp(record_cache), Ordering::Relaxed);
+        self.memory.budget.store(clamp(budget), Ordering::Relaxed);
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed;
+    impl MemoryUse for Fixed {
+        fn memory_parts(&self) -> Vec<(&'static str, i64)> {
+            vec![("rocksdb_blocks", 7 << 20)]
+        }
+    }
+
+    #[test]
+    fn memory_is_reported_by_part_with_the_budget() {
+        let m = Metrics::new();
+        m.add_memory_source(Arc::new(Fixed));
+        m.set_state_memory(3 << 20, 256 << 20);
+        let text = m.encode();
+        for line in [
+            "eddy_memory_bytes{part=\"record_cache\"} 3145728",
+            "eddy_memory_bytes{part=\"rocksdb_blocks\"} 7340032",
+            "eddy_memory_budget_bytes 268435456",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
     }
 }

@@ -279,10 +279,13 @@ pub fn run(
 ) -> Result<(), RuntimeError> {
     status.queries.set_app(cfg);
     let consumer = input_consumer(cfg, &metrics)?;
+    let resources = Arc::new(StateResources::new(cfg.rocksdb_bytes)?);
+    metrics.add_memory_source(resources.clone());
+    metrics.set_state_memory(0, cfg.rocksdb_bytes + cfg.record_cache_bytes);
     let mut m = Manager {
         cfg,
         topics: None,
-        resources: Arc::new(StateResources::new(cfg.rocksdb_bytes)?),
+        resources,
         consumer,
         producer: None,
         in_transaction: false,
@@ -657,6 +660,11 @@ impl Manager<'_> {
                 }
             }
             self.pause_full_inputs(&route);
+            // A sum of counters, once per poll: the gauge follows the caches between commits.
+            self.metrics.set_state_memory(
+                self.tasks.iter().map(Task::cache_bytes).sum(),
+                self.cfg.rocksdb_bytes + self.cfg.record_cache_bytes,
+            );
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);

@@ -426,7 +426,8 @@ impl Task {
         Ok(())
     }
 
-    fn cache_bytes(&self) -> usize {
+    /// Bytes the task's record caches hold.
+    pub fn cache_bytes(&self) -> usize {
         self.stores.iter().map(StoreState::bytes).sum()
     }
 
