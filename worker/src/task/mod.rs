@@ -608,6 +608,11 @@ impl Task {
                         .into_iter()
                         .map(|(from, to)| (s.name.clone(), from, to)),
                 );
+                // In key order: RocksDB's memtable then finds each key's place from the
+                // previous one's instead of from the top of its skiplist (inserting in the
+                // cache's order took 12 % of the processing thread's time at 1M keys).
+                let mut changes = changes;
+                changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
                 batch.push((s.name.clone(), changes, checkpoint));
             }
             let hits = std::mem::take(&mut s.hits);
