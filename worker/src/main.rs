@@ -385,7 +385,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         },
     )?;
     let metrics = Arc::new(Metrics::new());
-    metrics.add_memory_source(Arc::new(JemallocUse));
+    metrics.set_memory_source("jemalloc", Arc::new(JemallocUse));
     // Under the operator (EDDY_ASSIGNMENT=operator, set in the pod template) the worker runs
     // the tasks assigned to its pod instead of all of them.
     let link = match std::env::var("EDDY_ASSIGNMENT").as_deref() {

@@ -79,7 +79,7 @@ pub trait MemoryUse: Send + Sync {
 /// so an RSS over `memory.budget` can be told apart (RocksDB, record caches, the allocator).
 #[derive(Clone, Default)]
 struct MemoryCollector {
-    sources: Arc<Mutex<Vec<Arc<dyn MemoryUse>>>>,
+    sources: Arc<Mutex<Vec<(&'static str, Arc<dyn MemoryUse>)>>>,
     record_cache: Arc<AtomicI64>,
     budget: Arc<AtomicI64>,
 }
@@ -98,10 +98,10 @@ impl Collector for MemoryCollector {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         let mut parts = vec![("record_cache", self.record_cache.load(Ordering::Relaxed))];
-        parts.extend(sources.iter().flat_map(|s| s.memory_parts()));
+        parts.extend(sources.iter().flat_map(|(_, s)| s.memory_parts()));
         let mut family = encoder.encode_descriptor(
             "eddy_memory_bytes",
-            "Memory the worker holds, by part: rocksdb_blocks and rocksdb_memtables (the shared cache memory.budget bounds), record_cache (every task's record cache), heap_allocated and heap_resident (all allocations, and the pages the allocator holds for them)",
+            "Memory the worker holds, by part: rocksdb_blocks and rocksdb_memtables (RocksDB's shared cache, sized from memory.budget), record_cache (every task's record cache), heap_allocated and heap_resident (all allocations, and the pages the allocator holds for them)",
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
@@ -329,13 +329,16 @@ impl Metrics {
         }
     }
 
-    /// Report `source`'s parts in `eddy_memory_bytes` from now on.
-    pub fn add_memory_source(&self, source: Arc<dyn MemoryUse>) {
-        self.memory
+    /// Report `source`'s parts in `eddy_memory_bytes` from now on, instead of an earlier
+    /// source of the same `name` (an embedder running the engine again, say).
+    pub fn set_memory_source(&self, name: &'static str, source: Arc<dyn MemoryUse>) {
+        let mut sources = self
+            .memory
             .sources
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(source);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sources.retain(|(n, _)| *n != name);
+        sources.push((name, source));
     }
 
     /// The bytes of every task's record cache together, and the app's `memory.budget`.
@@ -369,15 +372,18 @@ mod tests {
     #[test]
     fn memory_is_reported_by_part_with_the_budget() {
         let m = Metrics::new();
-        m.add_memory_source(Arc::new(Fixed));
+        m.set_memory_source("fixed", Arc::new(Fixed));
+        m.set_memory_source("fixed", Arc::new(Fixed));
         m.set_state_memory(3 << 20, 256 << 20);
         let text = m.encode();
         for line in [
             "eddy_memory_bytes{part=\"record_cache\"} 3145728",
-            "eddy_memory_bytes{part=\"rocksdb_blocks\"} 7340032",
+            "eddy_memory_bytes{part=\"rocksdb_blocks\"} 7340032\n",
             "eddy_memory_budget_bytes 268435456",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
+        // A source set again replaces the earlier one.
+        assert_eq!(text.matches("part=\"rocksdb_blocks\"").count(), 1, "{text}");
     }
 }

@@ -280,7 +280,7 @@ pub fn run(
     status.queries.set_app(cfg);
     let consumer = input_consumer(cfg, &metrics)?;
     let resources = Arc::new(StateResources::new(cfg.rocksdb_bytes)?);
-    metrics.add_memory_source(resources.clone());
+    metrics.set_memory_source("rocksdb", resources.clone());
     metrics.set_state_memory(0, cfg.rocksdb_bytes + cfg.record_cache_bytes);
     let mut m = Manager {
         cfg,

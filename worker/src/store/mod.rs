@@ -144,12 +144,13 @@ impl StateResources {
         o
     }
 
-    /// A family's options: the metadata family's few keys (checkpoints, always present)
-    /// gain nothing from a memtable Bloom filter, and each memtable allocates its filter
-    /// (~0.3 MiB) when created, empty or not: 21 MiB of the memtables' share at 64 tasks.
+    /// A family's options: the metadata family's few keys (checkpoints, always present) and
+    /// RocksDB's unused default family gain nothing from a memtable Bloom filter, and each
+    /// memtable allocates its filter (~0.3 MiB) when created, empty or not: 21 MiB of the
+    /// memtables' share at 64 tasks.
     fn family_options(&self, name: &str) -> Options {
         let mut o = self.cf_options();
-        if name == META_CF {
+        if name == META_CF || name == DEFAULT_CF {
             o.set_memtable_prefix_bloom_ratio(0.0);
             o.set_memtable_whole_key_filtering(false);
         }
@@ -164,7 +165,8 @@ impl StateResources {
 
 impl crate::metrics::MemoryUse for StateResources {
     fn memory_parts(&self) -> Vec<(&'static str, i64)> {
-        // The write-buffer manager charges memtables to the cache, so blocks are the rest.
+        // The write-buffer manager charges memtables to the cache, so blocks are the rest
+        // (with what its reservation, in 256 KiB steps shrunk lazily, holds beyond them).
         let memtables = self.write_buffers.get_usage();
         let blocks = self.cache.get_usage().saturating_sub(memtables);
         let clamp = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);

@@ -613,6 +613,8 @@ impl Task {
                 // cache's order took 12 % of the processing thread's time at 1M keys).
                 let mut changes = changes;
                 changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                // A key flushed twice since the last commit is listed twice, with one value.
+                changes.dedup_by(|a, b| a.0 == b.0);
                 batch.push((s.name.clone(), changes, checkpoint));
             }
             let hits = std::mem::take(&mut s.hits);
