@@ -75,11 +75,14 @@ pub trait MemoryUse: Send + Sync {
     fn memory_parts(&self) -> Vec<(&'static str, i64)>;
 }
 
+/// A memory source and the name it was set under.
+type NamedSource = (&'static str, Arc<dyn MemoryUse>);
+
 /// `eddy_memory_bytes{part}` and `eddy_memory_budget_bytes`: where the process's memory goes,
 /// so an RSS over `memory.budget` can be told apart (RocksDB, record caches, the allocator).
 #[derive(Clone, Default)]
 struct MemoryCollector {
-    sources: Arc<Mutex<Vec<(&'static str, Arc<dyn MemoryUse>)>>>,
+    sources: Arc<Mutex<Vec<NamedSource>>>,
     record_cache: Arc<AtomicI64>,
     budget: Arc<AtomicI64>,
 }
