@@ -184,8 +184,11 @@ for b in "${BINARIES[@]}"; do
   if [[ $engine == buildah ]]; then
     # No layer cache (--layers): under vfs each cached step is a whole copy of the tree, some
     # 500 MB per new binary, and a build takes seconds anyway; only the base is kept.
-    "${B[@]}" bud --quiet --isolation chroot --pull=false -f "$HERE/Containerfile" \
-      --target "$b" "${build_args[@]}" -t "$(image_name "$b")" "$HERE" >/dev/null
+    # Tried twice: buildah's chroot isolation re-executes itself from a sealed memfd copy,
+    # and sealing it once failed with EBUSY on a fresh machine (the retry passed).
+    bud=("${B[@]}" bud --quiet --isolation chroot --pull=false -f "$HERE/Containerfile"
+      --target "$b" "${build_args[@]}" -t "$(image_name "$b")" "$HERE")
+    "${bud[@]}" >/dev/null || { echo "images: building $b failed once; trying again" >&2; "${bud[@]}" >/dev/null; }
   else
     docker build --quiet -f "$HERE/Containerfile" --target "$b" "${build_args[@]}" \
       -t "$(image_name "$b")" "$HERE" >/dev/null
