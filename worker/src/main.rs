@@ -30,19 +30,18 @@ pub static MALLOC_CONF: &u8 = &b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0\
 struct JemallocUse;
 
 impl eddy_worker::metrics::MemoryUse for JemallocUse {
-    fn memory_parts(&self) -> Vec<(&'static str, i64)> {
+    fn memory_parts(&self) -> Vec<(&'static str, usize)> {
         use tikv_jemalloc_ctl::{epoch, stats};
         // The statistics are a snapshot taken when the epoch advances.
         if epoch::advance().is_err() {
             return Vec::new();
         }
-        let clamp = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         [
             ("heap_allocated", stats::allocated::read()),
             ("heap_resident", stats::resident::read()),
         ]
         .into_iter()
-        .filter_map(|(part, bytes)| Some((part, clamp(bytes.ok()?))))
+        .filter_map(|(part, bytes)| Some((part, bytes.ok()?)))
         .collect()
     }
 }

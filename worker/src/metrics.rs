@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -72,7 +72,7 @@ pub struct ReasonLabels {
 /// of `eddy_memory_bytes` (RocksDB's shared cache, the allocator).
 pub trait MemoryUse: Send + Sync {
     /// `(part, bytes)` pairs; a part's name is the `part` label.
-    fn memory_parts(&self) -> Vec<(&'static str, i64)>;
+    fn memory_parts(&self) -> Vec<(&'static str, usize)>;
 }
 
 /// A memory source and the name it was set under.
@@ -83,8 +83,8 @@ type NamedSource = (&'static str, Arc<dyn MemoryUse>);
 #[derive(Clone, Default)]
 struct MemoryCollector {
     sources: Arc<Mutex<Vec<NamedSource>>>,
-    record_cache: Arc<AtomicI64>,
-    budget: Arc<AtomicI64>,
+    record_cache: Arc<AtomicUsize>,
+    budget: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for MemoryCollector {
@@ -108,13 +108,14 @@ impl Collector for MemoryCollector {
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
+        let gauge = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
         for (part, bytes) in parts {
             let labels = [("part", part)];
-            ConstGauge::new(bytes).encode(family.encode_family(&labels)?)?;
+            gauge(bytes).encode(family.encode_family(&labels)?)?;
         }
         let budget = self.budget.load(Ordering::Relaxed);
         if budget > 0 {
-            let g = ConstGauge::new(budget);
+            let g = gauge(budget);
             g.encode(encoder.encode_descriptor(
                 "eddy_memory_budget_bytes",
                 "The app's memory.budget: the state memory (RocksDB and record caches) the worker keeps within",
@@ -344,13 +345,14 @@ impl Metrics {
         sources.push((name, source));
     }
 
-    /// The bytes of every task's record cache together, and the app's `memory.budget`.
-    pub fn set_state_memory(&self, record_cache: usize, budget: usize) {
-        let clamp = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.memory
-            .record_cache
-            .store(clamp(record_cache), Ordering::Relaxed);
-        self.memory.budget.store(clamp(budget), Ordering::Relaxed);
+    /// The app's `memory.budget`, for `eddy_memory_budget_bytes`.
+    pub fn set_memory_budget(&self, bytes: usize) {
+        self.memory.budget.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The bytes of every task's record cache together.
+    pub fn set_record_cache_bytes(&self, bytes: usize) {
+        self.memory.record_cache.store(bytes, Ordering::Relaxed);
     }
 
     pub fn encode(&self) -> String {
@@ -367,7 +369,7 @@ mod tests {
 
     struct Fixed;
     impl MemoryUse for Fixed {
-        fn memory_parts(&self) -> Vec<(&'static str, i64)> {
+        fn memory_parts(&self) -> Vec<(&'static str, usize)> {
             vec![("rocksdb_blocks", 7 << 20)]
         }
     }
@@ -377,7 +379,8 @@ mod tests {
         let m = Metrics::new();
         m.set_memory_source("fixed", Arc::new(Fixed));
         m.set_memory_source("fixed", Arc::new(Fixed));
-        m.set_state_memory(3 << 20, 256 << 20);
+        m.set_record_cache_bytes(3 << 20);
+        m.set_memory_budget(256 << 20);
         let text = m.encode();
         for line in [
             "eddy_memory_bytes{part=\"record_cache\"} 3145728",

@@ -281,7 +281,7 @@ pub fn run(
     let consumer = input_consumer(cfg, &metrics)?;
     let resources = Arc::new(StateResources::new(cfg.rocksdb_bytes)?);
     metrics.set_memory_source("rocksdb", resources.clone());
-    metrics.set_state_memory(0, cfg.rocksdb_bytes + cfg.record_cache_bytes);
+    metrics.set_memory_budget(cfg.rocksdb_bytes + cfg.record_cache_bytes);
     let mut m = Manager {
         cfg,
         topics: None,
@@ -661,10 +661,8 @@ impl Manager<'_> {
             }
             self.pause_full_inputs(&route);
             // A sum of counters, once per poll: the gauge follows the caches between commits.
-            self.metrics.set_state_memory(
-                self.tasks.iter().map(Task::cache_bytes).sum(),
-                self.cfg.rocksdb_bytes + self.cfg.record_cache_bytes,
-            );
+            self.metrics
+                .set_record_cache_bytes(self.tasks.iter().map(Task::cache_bytes).sum());
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);

@@ -164,16 +164,12 @@ impl StateResources {
 }
 
 impl crate::metrics::MemoryUse for StateResources {
-    fn memory_parts(&self) -> Vec<(&'static str, i64)> {
+    fn memory_parts(&self) -> Vec<(&'static str, usize)> {
         // The write-buffer manager charges memtables to the cache, so blocks are the rest
         // (with what its reservation, in 256 KiB steps shrunk lazily, holds beyond them).
         let memtables = self.write_buffers.get_usage();
         let blocks = self.cache.get_usage().saturating_sub(memtables);
-        let clamp = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        vec![
-            ("rocksdb_blocks", clamp(blocks)),
-            ("rocksdb_memtables", clamp(memtables)),
-        ]
+        vec![("rocksdb_blocks", blocks), ("rocksdb_memtables", memtables)]
     }
 }
 
