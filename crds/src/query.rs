@@ -116,7 +116,7 @@ pub struct StoreDescription {
     pub changelog: String,
     /// Partitions the store is split into (0 while not known yet).
     pub partitions: i32,
-    /// Why it cannot be queried (kept in memory, the engine's own buffer), if so.
+    /// Why it cannot be queried (the engine's own buffer), if so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_queryable: Option<String>,
 }

@@ -5,10 +5,12 @@
 //! What a user would notice: every pod answers every key with the value the output topic
 //! holds last, and the app's `<name>-query` Service exists; during a scale-out an answer is
 //! either that value or a retry-after, never a wrong or empty one; with its active copy's
-//! worker frozen, a key is still answered by the standby when the request accepts its lag.
+//! worker frozen, a key is still answered by the standby when the request accepts its lag;
+//! in-memory stores answer as stores on disk do.
 
 use anyhow::{Context, Result, ensure};
 use eddy_crds::query::{KeyAnswer, RangeAnswer};
+use eddy_crds::resource::TaskRole;
 use eddy_e2e::operated::{Namespace, Operated, WAIT};
 use eddy_e2e::*;
 use std::collections::HashMap;
@@ -167,7 +169,7 @@ fn every_pod_answers_every_key_with_the_output_topics_latest_value() -> Result<(
             if let Some(Ok(a)) = last {
                 ensure!(a.found && a.key == key, "{pod}, {key}: {a:?}");
                 ensure!(
-                    a.answered_by.role == eddy_crds::resource::TaskRole::Active,
+                    a.answered_by.role == TaskRole::Active,
                     "{pod}, {key}: answered by {:?}",
                     a.answered_by
                 );
@@ -396,7 +398,7 @@ fn a_standby_answers_within_a_lag_bound_when_the_active_is_gone() -> Result<()> 
         ensure!(
             a.value == 4
                 && a.answered_by.pod == *standby
-                && a.answered_by.role == eddy_crds::resource::TaskRole::Standby
+                && a.answered_by.role == TaskRole::Standby
                 && a.answered_by.lag == Some(0)
                 && a.answered_by.position.as_ref().map(|p| p.offset)
                     >= first.answered_by.position.as_ref().map(|p| p.offset),
@@ -412,6 +414,60 @@ fn a_standby_answers_within_a_lag_bound_when_the_active_is_gone() -> Result<()> 
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     result?;
+    env.delete_apps(ns)?;
+    Ok(())
+}
+
+/// An in-memory store (`inMemory: true`) answers as one on disk: every key from either pod
+/// by its active copy, and by the pod's own standby copy when the request accepts one.
+#[test]
+fn an_in_memory_store_answers_from_its_active_and_its_standby() -> Result<()> {
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let (input, output) = (space.topic("iqm-in", 2)?, space.topic("iqm-out", 2)?);
+    let yaml = app_yaml("iqm", 2, &input, &output)?.replace(
+        "count: {store: counts}",
+        "count: {store: counts, inMemory: true}",
+    );
+    ensure!(yaml.contains("inMemory: true"), "{yaml}");
+    env.apply(ns, &yaml)?;
+    wait_running(env, ns, "iqm", 2)?;
+    produce_rounds(&input, 2)?;
+    wait_output(env, &output, 2)?;
+    let pods = query_addresses(env, ns, "iqm");
+    ensure!(pods.len() == 2, "two pods answer: {pods:?}");
+    let mut standby_answers: HashMap<&str, usize> = HashMap::new();
+    for (pod, addr) in &pods {
+        for k in (0..KEYS).step_by(5) {
+            let key = format!("k{k}");
+            for (extra, role) in [("", TaskRole::Active), ("?maxLag=any", TaskRole::Standby)] {
+                let mut last = None;
+                wait_until(Duration::from_secs(30), || {
+                    last = Some(ask(addr, &key, extra)?);
+                    Ok(matches!(&last, Some(Ok(a)) if a.value == 2))
+                })
+                .with_context(|| format!("{pod} asked for {key}{extra}: {last:?}"))?;
+                let Some(Ok(a)) = last else { continue };
+                let by = &a.answered_by;
+                ensure!(
+                    a.found && by.position.is_some(),
+                    "{pod}, {key}{extra}: {a:?}"
+                );
+                // With maxLag, the pod's own copy answers: its standby for the other's keys.
+                if role == TaskRole::Standby && by.role == TaskRole::Standby {
+                    ensure!(by.pod == *pod, "{pod}, {key}{extra}: {a:?}");
+                    *standby_answers.entry(pod).or_default() += 1;
+                } else {
+                    ensure!(by.role == TaskRole::Active, "{pod}, {key}{extra}: {a:?}");
+                }
+            }
+        }
+    }
+    ensure!(
+        standby_answers.len() == 2,
+        "each pod's standby copy answered some keys: {standby_answers:?}"
+    );
     env.delete_apps(ns)?;
     Ok(())
 }

@@ -167,7 +167,7 @@ impl StoreState {
         }
         self.misses += 1;
         match &self.backend {
-            Backend::Memory(m) => Ok(m.map.get(key).cloned()),
+            Backend::Memory(m) => Ok(m.read().map.get(key).cloned()),
             Backend::Rocks => match db {
                 Some(db) => db.get(&self.name, key),
                 None => Ok(None),
@@ -238,6 +238,7 @@ impl StoreState {
         let matches = |k: &[u8]| schema.matches(k, inner, from, to);
         let mut found: BTreeMap<Vec<u8>, Vec<u8>> = match (&self.backend, db) {
             (Backend::Memory(m), _) => m
+                .read()
                 .map
                 .range(lo.clone()..=hi.clone())
                 .filter(|(k, _)| matches(k))
@@ -265,6 +266,7 @@ impl StoreState {
         let in_range = |k: &[u8]| schema.time(k).is_some_and(|t| from <= t && t <= to);
         let mut found: BTreeMap<Vec<u8>, Vec<u8>> = match (&self.backend, db) {
             (Backend::Memory(m), _) => m
+                .read()
                 .map
                 .iter()
                 .filter(|(k, _)| in_range(k))
@@ -288,6 +290,7 @@ impl StoreState {
     ) -> Result<Entries, StoreError> {
         let mut found: BTreeMap<Vec<u8>, Vec<u8>> = match (&self.backend, db) {
             (Backend::Memory(m), _) => m
+                .read()
                 .map
                 .range(from.to_vec()..to.to_vec())
                 .map(|(k, v)| (k.clone(), v.clone()))
@@ -375,8 +378,9 @@ impl StoreState {
 
     /// Drop expired windows of an in-memory window store (RocksDB ones drop segments).
     pub fn expire_in_memory(&mut self, before: i64) {
-        if let (Backend::Memory(m), Some(seg)) = (&mut self.backend, self.segments) {
-            m.map
+        if let (Backend::Memory(m), Some(seg)) = (&self.backend, self.segments) {
+            m.write()
+                .map
                 .retain(|k, _| seg.schema.time(k).is_none_or(|time| time >= before));
         }
     }
@@ -487,22 +491,8 @@ impl StoreState {
 
     /// Apply committed changes to an in-memory backend (RocksDB ones go through a batch).
     pub fn apply_in_memory(&mut self, changes: &Changes, checkpoint: Option<i64>) {
-        if let Backend::Memory(m) = &mut self.backend {
-            for (from, to) in std::mem::take(&mut self.cleared) {
-                let gone: Vec<Vec<u8>> = m.map.range(from..to).map(|(k, _)| k.clone()).collect();
-                for k in gone {
-                    m.map.remove(&k);
-                }
-            }
-            for (k, v) in changes {
-                match v {
-                    Some(v) => m.map.insert(k.clone(), v.clone()),
-                    None => m.map.remove(k),
-                };
-            }
-            if checkpoint.is_some() {
-                m.checkpoint = checkpoint;
-            }
+        if let Backend::Memory(m) = &self.backend {
+            m.apply(std::mem::take(&mut self.cleared), changes, checkpoint);
         }
     }
 

@@ -665,7 +665,7 @@ impl Pipeline<'_> {
 fn checkpoint_of(t: &Task, si: usize) -> Result<Option<i64>, StoreError> {
     let s = &t.stores[si];
     match (&s.backend, &t.db) {
-        (Backend::Memory(m), _) => Ok(m.checkpoint),
+        (Backend::Memory(m), _) => Ok(m.read().checkpoint),
         (Backend::Rocks, Some(db)) => db.checkpoint(&s.name),
         (Backend::Rocks, None) => Ok(None),
     }
@@ -695,7 +695,7 @@ fn rebuild(t: &mut Task, si: usize) -> Result<(), StoreError> {
     let s = &mut t.stores[si];
     match (&mut s.backend, &t.db) {
         (Backend::Memory(m), _) => {
-            *m = Default::default();
+            m.clear();
             Ok(())
         }
         (Backend::Rocks, Some(db)) => db.clear(&s.name),

@@ -468,7 +468,7 @@ impl State {
                 None
             };
             let mut checkpoint = match (&mem, &db) {
-                (Some(m), _) => m.checkpoint,
+                (Some(m), _) => m.read().checkpoint,
                 (None, Some(db)) => db.checkpoint(&name).map_err(store_err)?,
                 (None, None) => None,
             };
@@ -482,7 +482,7 @@ impl State {
                 tracing::warn!(task = %id, store = %name, changelog = %changelog, partition = id.partition, checkpoint = c, low, high,
                     "changelog no longer covers the standby's checkpoint: emptying this store and rebuilding it from what the changelog has");
                 match (&mut mem, &db) {
-                    (Some(m), _) => *m = MemoryStore::default(),
+                    (Some(m), _) => m.clear(),
                     (None, Some(db)) => db.clear(&name).map_err(store_err)?,
                     (None, None) => {}
                 }
@@ -669,8 +669,15 @@ impl State {
             .iter_mut()
             .filter(|r| r.caught_up && !r.queryable)
         {
-            if let Some(db) = &r.db {
-                self.status.queries.publish(r.id, Holder::Replica, db);
+            let memory: Vec<(String, MemoryStore)> = r
+                .stores
+                .iter()
+                .filter_map(|s| Some((s.name.clone(), s.memory.clone()?)))
+                .collect();
+            if r.db.is_some() || !memory.is_empty() {
+                self.status
+                    .queries
+                    .publish(r.id, Holder::Replica, r.db.as_ref(), memory);
             }
             r.queryable = true;
         }
@@ -731,15 +738,7 @@ fn apply(
         }
         let changes: Changes = batch.latest.into_iter().collect();
         match (&mut s.memory, &r.db) {
-            (Some(m), _) => {
-                for (k, v) in &changes {
-                    match v {
-                        Some(v) => m.map.insert(k.clone(), v.clone()),
-                        None => m.map.remove(k),
-                    };
-                }
-                m.checkpoint = Some(next);
-            }
+            (Some(m), _) => m.apply([], &changes, Some(next)),
             (None, Some(db)) => db.write(
                 changes.iter().map(|(k, v)| {
                     (
@@ -810,7 +809,7 @@ mod tests {
         // The consumer is past the control record at 13.
         let positions = HashMap::from([(("app-counts-changelog".to_string(), 1), 14)]);
         apply(&mut r, &metrics, &positions).expect("apply");
-        let m = r.stores[0].memory.as_ref().expect("memory");
+        let m = r.stores[0].memory.as_ref().expect("memory").read();
         assert_eq!(
             m.map.get(b"a".as_slice()).map(Vec::as_slice),
             Some(b"2".as_slice())

@@ -17,6 +17,7 @@ use super::params::{PAGE, Params, Problem, hex_decode, hex_encode, internal};
 use super::read::{self, Read, Request};
 use super::{Catalog, Kind, StoreInfo};
 use crate::status::Status;
+use crate::store::View;
 use crate::window::KeySchema;
 use axum::Router;
 use axum::extract::{Path, RawQuery, State};
@@ -622,7 +623,7 @@ fn read_copy(
     let layout = catalog.layout();
     let pod = &layout.pod;
     catalog
-        .with_copy(task, |holder, db| {
+        .with_copy(task, |holder, held| {
             let copy = {
                 let replicas = status.replicas.lock().ok();
                 LocalCopy::of(
@@ -636,18 +637,24 @@ fn read_copy(
                     copy.lag
                 )));
             }
-            let snap = db.snapshot();
-            let offset = snap.checkpoint(&info.name).map_err(internal)?;
-            if let (Some(min), o) = (min_offset, offset)
-                && o.unwrap_or(0) < min
-            {
-                return Err(Problem::retry(format!(
-                    "this copy of task {task} ({} on {pod}) is at changelog offset {}, before minOffset={min}",
-                    copy.role.name().to_ascii_lowercase(),
-                    o.unwrap_or(0)
-                )));
-            }
-            let read = read::run(info, &snap, req).map_err(internal)?;
+            let read_from = |view: &dyn View| {
+                let offset = view.checkpoint(&info.name).map_err(internal)?;
+                if let (Some(min), o) = (min_offset, offset)
+                    && o.unwrap_or(0) < min
+                {
+                    return Err(Problem::retry(format!(
+                        "this copy of task {task} ({} on {pod}) is at changelog offset {}, before minOffset={min}",
+                        copy.role.name().to_ascii_lowercase(),
+                        o.unwrap_or(0)
+                    )));
+                }
+                Ok((read::run(info, view, req).map_err(internal)?, offset))
+            };
+            let (read, offset) = match (held.memory(&info.name), held.db) {
+                (Some(m), _) => read_from(&m.view(info.kind.window_schema()))?,
+                (None, Some(db)) => read_from(&db.snapshot())?,
+                (None, None) => return Err(internal(format!("task {task} has no store {}", info.name))),
+            };
             let by = AnsweredBy {
                 pod: pod.clone(),
                 task: task.to_string(),

@@ -2,11 +2,11 @@
 //! app read over HTTP, from any worker.
 //!
 //! - [`Catalog`] is what the processing thread and the state updater share with the query
-//!   API: the stores of the app and, per task this worker holds, the database of its copy
-//!   (active, standby or warm-up), published when the copy can answer and withdrawn before
-//!   it closes.
-//! - [`read`] reads one copy: a snapshot, so data and the changelog position it reflects
-//!   are read together. Answers show committed state only: what a commit wrote to the store,
+//!   API: the stores of the app and, per task this worker holds, the database and in-memory
+//!   stores of its copy (active, standby or warm-up), published when the copy can answer and
+//!   withdrawn before it closes.
+//! - [`read`] reads one copy: a snapshot (an in-memory store: under its lock), so data and
+//!   the changelog position it reflects are read together. Answers show committed state only: what a commit wrote to the store,
 //!   never what a crash would roll back.
 //! - [`locate`] decides where a request goes: this worker's copy, the worker holding the
 //!   active (or an acceptable standby), or nowhere yet (a retry-after), from the operator's
@@ -23,7 +23,7 @@ pub mod read;
 mod tests;
 
 use crate::global::GlobalStores;
-use crate::store::TaskDb;
+use crate::store::{MemoryStore, TaskDb};
 use crate::topology::StoreDef;
 use eddy_crds::TaskId;
 use eddy_crds::query::StoreDescription;
@@ -42,6 +42,16 @@ pub enum Kind {
     Window(crate::window::KeySchema),
     /// A global table: every worker holds all of it.
     Global,
+}
+
+impl Kind {
+    /// A window or session store's key layout.
+    pub fn window_schema(self) -> Option<crate::window::KeySchema> {
+        match self {
+            Kind::Window(s) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 /// A store of the app, as the query API sees it.
@@ -73,15 +83,9 @@ impl StoreInfo {
             },
             (None, None) => Kind::KeyValue,
         };
-        let not_queryable = if d.internal {
-            Some(
-                "it is the engine's own buffer (a stream join's or a suppression's), not a step's state",
-            )
-        } else if d.in_memory {
-            Some("it is kept in memory (inMemory: true); queries read stores kept on disk")
-        } else {
-            None
-        };
+        let not_queryable = d.internal.then_some(
+            "it is the engine's own buffer (a stream join's or a suppression's), not a step's state",
+        );
         StoreInfo {
             name: d.name.clone(),
             kind,
@@ -135,10 +139,26 @@ pub enum Holder {
 
 struct Held {
     holder: Holder,
-    db: Weak<TaskDb>,
+    /// The task's database, if it keeps a store on disk.
+    db: Option<Weak<TaskDb>>,
+    /// Its in-memory stores, by name.
+    memory: Vec<(String, MemoryStore)>,
     /// Held for reading while a query reads this copy; [`Catalog::withdraw`] takes it for
     /// writing, so it waits for the reads of this copy only.
     gate: RwLock<()>,
+}
+
+/// One task's copy of its stores, as a query reads it.
+pub struct TaskCopy<'a> {
+    pub db: Option<&'a TaskDb>,
+    memory: &'a [(String, MemoryStore)],
+}
+
+impl TaskCopy<'_> {
+    /// The in-memory store `name`, if it is one.
+    pub fn memory(&self, name: &str) -> Option<&MemoryStore> {
+        self.memory.iter().find(|(n, _)| n == name).map(|(_, m)| m)
+    }
 }
 
 /// The app's stores and the copies of them this worker can answer from.
@@ -229,11 +249,19 @@ impl Catalog {
             .collect()
     }
 
-    /// Make a task's copy answer queries.
-    pub fn publish(&self, task: TaskId, holder: Holder, db: &Arc<TaskDb>) {
+    /// Make a task's copy answer queries: its database (if it keeps a store on disk) and its
+    /// in-memory stores.
+    pub fn publish(
+        &self,
+        task: TaskId,
+        holder: Holder,
+        db: Option<&Arc<TaskDb>>,
+        memory: Vec<(String, MemoryStore)>,
+    ) {
         let held = Arc::new(Held {
             holder,
-            db: Arc::downgrade(db),
+            db: db.map(Arc::downgrade),
+            memory,
             gate: RwLock::new(()),
         });
         self.copies
@@ -280,17 +308,28 @@ impl Catalog {
     pub fn holder(&self, task: TaskId) -> Option<Holder> {
         read(&self.copies)
             .get(&task)
-            .filter(|h| h.db.strong_count() > 0)
+            .filter(|h| h.db.as_ref().is_none_or(|db| db.strong_count() > 0))
             .map(|h| h.holder)
     }
 
     /// Run `f` on this worker's copy of `task`, if it has one; the copy is not closed while
     /// `f` runs ([`Self::withdraw`] waits for it).
-    pub fn with_copy<T>(&self, task: TaskId, f: impl FnOnce(Holder, &TaskDb) -> T) -> Option<T> {
+    pub fn with_copy<T>(
+        &self,
+        task: TaskId,
+        f: impl FnOnce(Holder, &TaskCopy<'_>) -> T,
+    ) -> Option<T> {
         let held = read(&self.copies).get(&task)?.clone();
         let _reading = read(&held.gate);
-        let db = held.db.upgrade()?;
-        Some(f(held.holder, &db))
+        let db = match &held.db {
+            Some(db) => Some(db.upgrade()?),
+            None => None,
+        };
+        let copy = TaskCopy {
+            db: db.as_deref(),
+            memory: &held.memory,
+        };
+        Some(f(held.holder, &copy))
     }
 
     /// Run `f` on the global tables' stores, if they are open.

@@ -1,9 +1,10 @@
 //! Reading one copy of a store: a snapshot of its task's database (or of the global tables'),
-//! decoded into the store's formats. Every read is bounded by a limit.
+//! or an in-memory store under its lock, decoded into the store's formats. Every read is
+//! bounded by a limit.
 
 use super::{Kind, StoreInfo};
 use crate::format;
-use crate::store::{Entries, Snapshot, StoreError};
+use crate::store::{Entries, StoreError, View};
 use crate::window::{self, KeySchema};
 use eddy_crds::query::Entry;
 
@@ -66,7 +67,7 @@ pub enum Read {
 }
 
 /// Read `req` from `info`'s store in `snap`.
-pub fn run(info: &StoreInfo, snap: &Snapshot<'_>, req: &Request) -> Result<Read, ReadError> {
+pub fn run(info: &StoreInfo, snap: &dyn View, req: &Request) -> Result<Read, ReadError> {
     let store = info.name.as_str();
     match req {
         Request::Get { key, as_of } => {
@@ -183,7 +184,7 @@ fn entry(
 /// The version of `key` valid at `as_of`, as a versioned store's `get(key, asOf)`.
 fn versioned(
     info: &StoreInfo,
-    snap: &Snapshot<'_>,
+    snap: &dyn View,
     key: &[u8],
     as_of: i64,
     history: i64,

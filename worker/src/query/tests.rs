@@ -7,7 +7,7 @@ use super::client::{self as http, HttpClient};
 use super::read::{self, Read, ReadError, Request};
 use super::{Cluster, Holder, Kind, StoreInfo};
 use crate::status::Status;
-use crate::store::{Change, StateResources, TaskDb};
+use crate::store::{Change, MemoryStore, StateResources, TaskDb, View};
 use crate::window::{self, KeySchema, Segments, Window};
 use axum::http::{StatusCode, header};
 use eddy_crds::query::{Entry, KeyAnswer, QueryProblem, RangeAnswer, StoreDescription};
@@ -291,7 +291,7 @@ fn a_stamped_stores_value_and_timestamp_are_split() {
 /// entry's order; checks no page is longer than asked.
 fn all_windows_paged(
     s: &StoreInfo,
-    db: &TaskDb,
+    view: &dyn View,
     from: i64,
     to: i64,
     limit: usize,
@@ -299,16 +299,19 @@ fn all_windows_paged(
     let mut out: Vec<(Vec<u8>, Entry)> = Vec::new();
     loop {
         let after = out.last().map(|(o, _)| o.clone());
-        let page = many(run(
-            s,
-            db,
-            &Request::AllWindows {
-                from,
-                to,
-                after,
-                limit,
-            },
-        ));
+        let page = many(
+            read::run(
+                s,
+                view,
+                &Request::AllWindows {
+                    from,
+                    to,
+                    after,
+                    limit,
+                },
+            )
+            .expect("read"),
+        );
         assert!(page.len() <= limit, "{} > {limit}", page.len());
         let last = page.len() < limit;
         out.extend(page);
@@ -319,17 +322,20 @@ fn all_windows_paged(
 }
 
 /// Pages at several sizes equal one big read: nothing twice, nothing missed, in order.
-fn check_paging(s: &StoreInfo, db: &TaskDb, from: i64, to: i64, expected: usize) {
-    let whole = many(run(
-        s,
-        db,
-        &Request::AllWindows {
-            from,
-            to,
-            after: None,
-            limit: 10_000,
-        },
-    ));
+fn check_paging(s: &StoreInfo, view: &dyn View, from: i64, to: i64, expected: usize) {
+    let whole = many(
+        read::run(
+            s,
+            view,
+            &Request::AllWindows {
+                from,
+                to,
+                after: None,
+                limit: 10_000,
+            },
+        )
+        .expect("read"),
+    );
     assert_eq!(whole.len(), expected);
     assert!(
         whole.windows(2).all(|w| w[0].0 < w[1].0),
@@ -337,7 +343,7 @@ fn check_paging(s: &StoreInfo, db: &TaskDb, from: i64, to: i64, expected: usize)
     );
     for limit in [1, 2, 3, 5, expected, expected + 1] {
         assert_eq!(
-            all_windows_paged(s, db, from, to, limit),
+            all_windows_paged(s, view, from, to, limit),
             whole,
             "pages of {limit}"
         );
@@ -453,10 +459,10 @@ fn a_window_store_answers_one_keys_windows_and_pages_through_every_keys() {
         inner.len() * starts.len(),
         "every window listed"
     );
-    check_paging(&s, &db, 0, i64::MAX, 24);
+    check_paging(&s, &db.snapshot(), 0, i64::MAX, 24);
     // A time range: 4 starts of 6 for each key.
-    check_paging(&s, &db, 100_000, 650_000, 16);
-    let ranged = all_windows_paged(&s, &db, 100_000, 650_000, 3);
+    check_paging(&s, &db.snapshot(), 100_000, 650_000, 16);
+    let ranged = all_windows_paged(&s, &db.snapshot(), 100_000, 650_000, 3);
     assert!(ranged.iter().all(|(_, e)| {
         let t = e.start.expect("start");
         (100_000..=650_000).contains(&t)
@@ -572,8 +578,109 @@ fn a_session_store_answers_by_session_end_and_pages_through_every_keys() {
         })
         .collect();
     assert_eq!(listed.len(), 12, "every session once");
-    check_paging(&s, &db, 0, i64::MAX, 12);
-    check_paging(&s, &db, 310_000, 400_000, 6);
+    check_paging(&s, &db.snapshot(), 0, i64::MAX, 12);
+    check_paging(&s, &db.snapshot(), 310_000, 400_000, 6);
+}
+
+/// The same rows on disk and in memory answer alike: one key, ranges, a key's windows, and
+/// every key's windows (in-memory stores list those by time then key: the same set, paged
+/// to the end).
+#[test]
+fn an_in_memory_store_answers_as_the_same_store_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let res = resources();
+    let keys = ["a", "ab", "b", "c"];
+    let times = [0, 100_000, 299_000, 300_000, 650_000];
+    let layouts = [
+        (Kind::KeyValue, None),
+        (
+            Kind::Window(KeySchema::Window { size: 1_000 }),
+            Some(KeySchema::Window { size: 1_000 }),
+        ),
+        (Kind::Window(KeySchema::Session), Some(KeySchema::Session)),
+    ];
+    for (n, (kind, schema)) in layouts.into_iter().enumerate() {
+        let path = dir.path().join(n.to_string());
+        let db = match schema {
+            Some(schema) => open_windowed(
+                &res,
+                &path,
+                "s",
+                Segments::for_retention(eddy_crds::Duration::from_millis(600_000), schema),
+            ),
+            None => open(&res, &path, &["s"]),
+        };
+        let mut rows = Vec::new();
+        for (k, key) in keys.iter().enumerate() {
+            for (i, t) in times.iter().enumerate() {
+                let stored = match schema {
+                    Some(KeySchema::Session) => KeySchema::Session.key(
+                        key.as_bytes(),
+                        Window {
+                            start: t / 2,
+                            end: *t,
+                        },
+                    ),
+                    Some(_) => window::key(key.as_bytes(), *t),
+                    None => format!("{key}{i}").into_bytes(),
+                };
+                rows.push((stored, i64v((10 * k + i) as i64)));
+            }
+        }
+        commit(&db, "s", &rows, 21);
+        let mem = MemoryStore::default();
+        let changes: Vec<_> = rows
+            .iter()
+            .map(|(k, v)| (k.clone(), Some(v.clone())))
+            .collect();
+        mem.apply([], &changes, Some(21));
+        let s = info("s", kind, Format::String, Format::I64, false);
+        let (disk, memory) = (db.snapshot(), mem.view(schema));
+        assert_eq!(memory.checkpoint("s").expect("checkpoint"), Some(21));
+        let mut requests = vec![
+            get(b"a1"),
+            get(b"zz"),
+            range(b"", None, 100),
+            range(b"a", Some(b"b"), 3),
+            range(b"b", Some(b"a"), 3),
+        ];
+        if schema.is_some() {
+            requests = ["a", "ab", "zz"]
+                .iter()
+                .flat_map(|k| {
+                    [
+                        (0, i64::MAX, 100),
+                        (100_000, 300_000, 100),
+                        (0, i64::MAX, 2),
+                    ]
+                    .map(|(from, to, limit)| Request::Windows {
+                        key: k.as_bytes().to_vec(),
+                        from,
+                        to,
+                        limit,
+                    })
+                })
+                .collect();
+        }
+        for req in &requests {
+            assert_eq!(
+                read::run(&s, &memory, req).expect("memory"),
+                read::run(&s, &disk, req).expect("disk"),
+                "{kind:?}: {req:?}"
+            );
+        }
+        if schema.is_some() {
+            let set = |v: &dyn View| {
+                all_windows_paged(&s, v, 100_000, 650_000, 3)
+                    .into_iter()
+                    .map(|(_, e)| serde_json::to_string(&e).expect("json"))
+                    .collect::<BTreeSet<_>>()
+            };
+            assert_eq!(set(&memory), set(&disk), "{kind:?}");
+            check_paging(&s, &memory, 0, i64::MAX, 20);
+            check_paging(&s, &memory, 100_000, 650_000, 16);
+        }
+    }
 }
 
 /// Put versions through [`crate::versioned::VersionedStore`] (the processing side) and commit
@@ -849,21 +956,24 @@ fn the_catalog_answers_from_published_copies_only() {
     let task = TaskId::new(0, 1);
     let db = Arc::new(open(&res, dir.path(), &["s"]));
     assert_eq!(catalog.holder(task), None);
-    catalog.publish(task, Holder::Replica, &db);
+    catalog.publish(task, Holder::Replica, Some(&db), Vec::new());
     assert_eq!(catalog.holder(task), Some(Holder::Replica));
     assert_eq!(
-        catalog.with_copy(task, |h, db| (h, db.checkpoint("s").expect("read"))),
+        catalog.with_copy(task, |h, c| (
+            h,
+            c.db.expect("a database").checkpoint("s").expect("read")
+        )),
         Some((Holder::Replica, None))
     );
     // The active taking over replaces the replica; the replica letting go then leaves it.
-    catalog.publish(task, Holder::Active, &db);
+    catalog.publish(task, Holder::Active, Some(&db), Vec::new());
     catalog.withdraw(task, Holder::Replica);
     assert_eq!(catalog.holder(task), Some(Holder::Active));
     catalog.withdraw(task, Holder::Active);
     assert_eq!(catalog.holder(task), None);
     assert!(catalog.with_copy(task, |_, _| ()).is_none());
     // A database closed without withdrawing is not read.
-    catalog.publish(task, Holder::Active, &db);
+    catalog.publish(task, Holder::Active, Some(&db), Vec::new());
     drop(db);
     assert_eq!(catalog.holder(task), None);
     assert!(catalog.with_copy(task, |_, _| ()).is_none());
@@ -1055,8 +1165,12 @@ async fn two_workers_answer_every_key_forwarding_to_each_other() {
             .collect();
         assert!(rows.len() >= 2, "each partition holds some keys");
         commit(&db, "counts", &rows, 100 + p as i64);
-        w.queries
-            .publish(TaskId::new(0, p as i32), Holder::Active, &db);
+        w.queries.publish(
+            TaskId::new(0, p as i32),
+            Holder::Active,
+            Some(&db),
+            Vec::new(),
+        );
         dbs.push(db);
     }
     let addresses = [

@@ -2,8 +2,8 @@
 //! family holding each store's changelog checkpoint, so data and checkpoint are written in one
 //! atomic batch. Every instance of the process shares one block cache (which also accounts the
 //! memtables through a write-buffer manager) and one background thread pool, so memory is
-//! bounded per process rather than per shard. In-memory stores are a `BTreeMap` restored
-//! from the changelog at every start.
+//! bounded per process rather than per shard. In-memory stores ([`memory`]) are a `BTreeMap`
+//! restored from the changelog at every start.
 //!
 //! The families on disk follow the topology, not the other way round: opening a task's
 //! database drops the families (and checkpoints) of stores the topology no longer has here, so
@@ -11,14 +11,16 @@
 
 use crate::window::Segments;
 
+pub mod memory;
 pub mod snapshot;
+pub use memory::MemoryStore;
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBRawIterator, Env, FlushOptions,
     IngestExternalFileOptions, Options, WriteBatch, WriteBufferManager, WriteOptions,
 };
-pub use snapshot::Snapshot;
+pub use snapshot::{Snapshot, View};
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -900,13 +902,6 @@ fn wipe(path: &Path) -> Result<(), StoreError> {
             source,
         }),
     }
-}
-
-/// An in-memory store shard: rebuilt from the changelog on every start.
-#[derive(Default)]
-pub struct MemoryStore {
-    pub map: BTreeMap<Vec<u8>, Vec<u8>>,
-    pub checkpoint: Option<i64>,
 }
 
 #[cfg(test)]

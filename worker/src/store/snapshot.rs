@@ -1,4 +1,5 @@
-//! Reads of one task's stores at one point in time, for interactive queries: every read of a
+//! Reads of one task's stores at one point in time, for interactive queries ([`View`]: a
+//! [`Snapshot`] of its database, or an in-memory store held for reading): every read of a
 //! [`Snapshot`] sees the same committed state, and the checkpoint it reads is the changelog
 //! position that state reflects (a commit writes both in one batch). Queries run on the HTTP
 //! server's threads beside the processing thread, so they never use the task's kept
@@ -26,18 +27,51 @@ impl TaskDb {
     }
 }
 
-impl Snapshot<'_> {
-    pub fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        let cf = self.db.cf(store)?;
-        self.db
-            .rocks(self.snapshot.get_cf(cf, self.db.db_key(store, key)))
-    }
+/// A read of stores at one changelog position: a task database's [`Snapshot`], or an
+/// in-memory store held for reading ([`super::memory::MemoryView`]).
+pub trait View {
+    fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// The changelog offset the store's data reflects (the next offset to read), if any.
-    pub fn checkpoint(&self, store: &str) -> Result<Option<i64>, StoreError> {
-        self.read_checkpoint(store, &checkpoint_key(store))
-    }
+    fn checkpoint(&self, store: &str) -> Result<Option<i64>, StoreError>;
 
+    /// Up to `limit` keys and values of a key-value store from `from` (inclusive) to `to`
+    /// (exclusive; `None`: to the last key), in key order.
+    fn range(
+        &self,
+        store: &str,
+        from: &[u8],
+        to: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Entries, StoreError>;
+
+    /// Up to `limit` windows of `inner` in a window or session store whose time (a window's
+    /// start, a session's end) is in `[from, to]`, with their changelog keys, in time order.
+    fn windows(
+        &self,
+        store: &str,
+        inner: &[u8],
+        from: i64,
+        to: i64,
+        limit: usize,
+    ) -> Result<Entries, StoreError>;
+
+    /// Up to `limit` windows of every key whose time is in `[from, to]`, in
+    /// [`Self::window_order`], after the window that sorts at `after` if given.
+    fn all_windows(
+        &self,
+        store: &str,
+        from: i64,
+        to: i64,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Entries, StoreError>;
+
+    /// The order [`Self::all_windows`] lists windows in.
+    fn window_order(&self, store: &str, key: &[u8]) -> Result<Vec<u8>, StoreError>;
+}
+
+impl Snapshot<'_> {
     /// The checkpoint of one partition of a store fed by several (a global table's).
     pub fn partition_checkpoint(
         &self,
@@ -64,10 +98,20 @@ impl Snapshot<'_> {
             })?;
         Ok(Some(i64::from_be_bytes(arr)))
     }
+}
 
-    /// Up to `limit` keys and values of a key-value store from `from` (inclusive) to `to`
-    /// (exclusive; `None`: to the last key), in key order.
-    pub fn range(
+impl View for Snapshot<'_> {
+    fn get(&self, store: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let cf = self.db.cf(store)?;
+        self.db
+            .rocks(self.snapshot.get_cf(cf, self.db.db_key(store, key)))
+    }
+
+    fn checkpoint(&self, store: &str) -> Result<Option<i64>, StoreError> {
+        self.read_checkpoint(store, &checkpoint_key(store))
+    }
+
+    fn range(
         &self,
         store: &str,
         from: &[u8],
@@ -83,9 +127,7 @@ impl Snapshot<'_> {
         Ok(out)
     }
 
-    /// Up to `limit` windows of `inner` in a window or session store whose time (a window's
-    /// start, a session's end) is in `[from, to]`, with their changelog keys, in time order.
-    pub fn windows(
+    fn windows(
         &self,
         store: &str,
         inner: &[u8],
@@ -103,9 +145,7 @@ impl Snapshot<'_> {
         Ok(out)
     }
 
-    /// Up to `limit` windows of every key whose time is in `[from, to]`, in segment then key
-    /// order, after the window that sorts at `after` (its [`Self::window_order`]) if given.
-    pub fn all_windows(
+    fn all_windows(
         &self,
         store: &str,
         from: i64,
@@ -123,8 +163,8 @@ impl Snapshot<'_> {
         Ok(out)
     }
 
-    /// The order windows are listed in by [`Self::all_windows`]: by segment, then key.
-    pub fn window_order(&self, store: &str, key: &[u8]) -> Result<Vec<u8>, StoreError> {
+    /// By segment, then key.
+    fn window_order(&self, store: &str, key: &[u8]) -> Result<Vec<u8>, StoreError> {
         Ok(self.db.segments_of(store)?.db_key(key))
     }
 }

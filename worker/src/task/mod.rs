@@ -255,9 +255,17 @@ impl Task {
         }
         self.state = state;
         self.set_state(state);
-        if let (Some(q), Some(db)) = (&self.queries, &self.db) {
+        let memory = self.memory_stores();
+        if let Some(q) = &self.queries
+            && (self.db.is_some() || !memory.is_empty())
+        {
             match state {
-                TaskState::Running => q.publish(self.id, crate::query::Holder::Active, db),
+                TaskState::Running => q.publish(
+                    self.id,
+                    crate::query::Holder::Active,
+                    self.db.as_ref(),
+                    memory,
+                ),
                 _ => q.withdraw(self.id, crate::query::Holder::Active),
             }
         }
@@ -688,6 +696,17 @@ impl Task {
     pub fn close_dirty(mut self) {
         self.transition(TaskState::Closed);
         tracing::info!(task = %self.id, "task closed without committing");
+    }
+
+    /// The in-memory stores (shared handles), by name.
+    fn memory_stores(&self) -> Vec<(String, MemoryStore)> {
+        self.stores
+            .iter()
+            .filter_map(|s| match &s.backend {
+                Backend::Memory(m) => Some((s.name.clone(), m.clone())),
+                Backend::Rocks => None,
+            })
+            .collect()
     }
 
     /// Take the in-memory stores' committed state (a demoted task's, for its standby).

@@ -1,0 +1,291 @@
+//! In-memory stores (`inMemory: true`): a sorted map per store shard, rebuilt from the
+//! changelog at every start. A shard is a shared handle: the task (or the standby following
+//! it) writes committed changes into it, and interactive queries read it under the same lock,
+//! so an answer and the changelog position it reflects are read together.
+
+use super::{Entries, StoreError, View};
+use crate::window::KeySchema;
+use std::collections::BTreeMap;
+use std::ops::Bound::{Excluded, Included, Unbounded};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// One in-memory store shard. Clones share it: moving it from a task to its standby (or
+/// back) keeps it, and so does the query catalog while the copy answers.
+#[derive(Clone, Default)]
+pub struct MemoryStore(Arc<RwLock<MemoryData>>);
+
+#[derive(Default)]
+pub struct MemoryData {
+    pub map: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The changelog offset the data reflects (the next one to read), once known.
+    pub checkpoint: Option<i64>,
+}
+
+impl MemoryStore {
+    pub fn read(&self) -> RwLockReadGuard<'_, MemoryData> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn write(&self) -> RwLockWriteGuard<'_, MemoryData> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Apply committed changes (`None` deletes), after emptying the `cleared` key ranges
+    /// (`[from, to)`), and move the checkpoint if one is given: one step for readers.
+    pub fn apply(
+        &self,
+        cleared: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+        changes: &[(Vec<u8>, Option<Vec<u8>>)],
+        checkpoint: Option<i64>,
+    ) {
+        let mut d = self.write();
+        for (from, to) in cleared {
+            let gone: Vec<Vec<u8>> = d.map.range(from..to).map(|(k, _)| k.clone()).collect();
+            for k in gone {
+                d.map.remove(&k);
+            }
+        }
+        for (k, v) in changes {
+            match v {
+                Some(v) => d.map.insert(k.clone(), v.clone()),
+                None => d.map.remove(k),
+            };
+        }
+        if checkpoint.is_some() {
+            d.checkpoint = checkpoint;
+        }
+    }
+
+    /// Empty the store, checkpoint included (it rebuilds from its changelog).
+    pub fn clear(&self) {
+        *self.write() = MemoryData::default();
+    }
+
+    /// The store held for reading, as queries read it (`schema`: a window store's key
+    /// layout). Its writers wait meanwhile: a query's reads are bounded.
+    pub fn view(&self, schema: Option<KeySchema>) -> MemoryView<'_> {
+        MemoryView {
+            data: self.read(),
+            schema,
+        }
+    }
+}
+
+/// An in-memory store held for reading.
+pub struct MemoryView<'a> {
+    data: RwLockReadGuard<'a, MemoryData>,
+    schema: Option<KeySchema>,
+}
+
+impl MemoryView<'_> {
+    fn schema(&self, store: &str) -> Result<KeySchema, StoreError> {
+        self.schema
+            .ok_or_else(|| StoreError::Unknown(format!("{store} (not a window store)")))
+    }
+}
+
+impl View for MemoryView<'_> {
+    fn get(&self, _: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.data.map.get(key).cloned())
+    }
+
+    fn checkpoint(&self, _: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self.data.checkpoint)
+    }
+
+    fn range(
+        &self,
+        _: &str,
+        from: &[u8],
+        to: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Entries, StoreError> {
+        Ok(self.data.range(from, to, limit))
+    }
+
+    fn windows(
+        &self,
+        store: &str,
+        inner: &[u8],
+        from: i64,
+        to: i64,
+        limit: usize,
+    ) -> Result<Entries, StoreError> {
+        Ok(self
+            .data
+            .windows(self.schema(store)?, inner, from, to, limit))
+    }
+
+    fn all_windows(
+        &self,
+        store: &str,
+        from: i64,
+        to: i64,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Entries, StoreError> {
+        Ok(self
+            .data
+            .all_windows(self.schema(store)?, from, to, after, limit))
+    }
+
+    /// By time, then key.
+    fn window_order(&self, store: &str, key: &[u8]) -> Result<Vec<u8>, StoreError> {
+        Ok(MemoryData::window_order(self.schema(store)?, key))
+    }
+}
+
+impl MemoryData {
+    /// Up to `limit` keys and values from `from` (inclusive) to `to` (exclusive; `None`: to
+    /// the last key), in key order.
+    pub fn range(&self, from: &[u8], to: Option<&[u8]>, limit: usize) -> Entries {
+        let upper = to.map_or(Unbounded, Excluded);
+        if to.is_some_and(|to| to <= from) {
+            return Vec::new();
+        }
+        self.map
+            .range::<[u8], _>((Included(from), upper))
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Up to `limit` windows of `inner` whose time (a window's start, a session's end) is in
+    /// `[from, to]`, in time order (the order of their keys).
+    pub fn windows(
+        &self,
+        schema: KeySchema,
+        inner: &[u8],
+        from: i64,
+        to: i64,
+        limit: usize,
+    ) -> Entries {
+        if from > to {
+            return Vec::new();
+        }
+        let (lo, hi) = schema.bounds(inner, from, to);
+        self.map
+            .range(lo..=hi)
+            .filter(|(k, _)| schema.matches(k, inner, from, to))
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Up to `limit` windows of every key whose time is in `[from, to]`, in
+    /// [`Self::window_order`], after the window that sorts at `after` if given.
+    pub fn all_windows(
+        &self,
+        schema: KeySchema,
+        from: i64,
+        to: i64,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Entries {
+        let mut found: Vec<(Vec<u8>, &Vec<u8>, &Vec<u8>)> = self
+            .map
+            .iter()
+            .filter(|(k, _)| schema.time(k).is_some_and(|t| from <= t && t <= to))
+            .map(|(k, v)| (Self::window_order(schema, k), k, v))
+            .filter(|(o, _, _)| after.is_none_or(|a| o.as_slice() > a))
+            .collect();
+        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        found
+            .into_iter()
+            .take(limit)
+            .map(|(_, k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Where a window sorts among every key's windows: by time, then key.
+    pub fn window_order(schema: KeySchema, key: &[u8]) -> Vec<u8> {
+        let time = schema.time(key).unwrap_or(i64::MIN);
+        // The sign bit flipped: negative times sort before positive ones as bytes.
+        let mut o = ((time as u64) ^ (1 << 63)).to_be_bytes().to_vec();
+        o.extend_from_slice(key);
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wkey(inner: &[u8], start: i64) -> Vec<u8> {
+        let mut k = inner.to_vec();
+        k.extend_from_slice(&start.to_be_bytes());
+        k
+    }
+
+    #[test]
+    fn clones_share_the_data_and_a_change_moves_the_checkpoint_with_it() {
+        let s = MemoryStore::default();
+        let reader = s.clone();
+        s.apply([], &[(b"a".to_vec(), Some(b"1".to_vec()))], Some(5));
+        s.apply(
+            [(b"a".to_vec(), b"b".to_vec())],
+            &[(b"c".to_vec(), Some(b"3".to_vec()))],
+            None,
+        );
+        let d = reader.read();
+        assert_eq!(d.range(b"", None, 10), vec![(b"c".to_vec(), b"3".to_vec())]);
+        assert_eq!(d.checkpoint, Some(5), "no checkpoint given: kept");
+        drop(d);
+        s.clear();
+        assert!(reader.read().map.is_empty() && reader.read().checkpoint.is_none());
+    }
+
+    #[test]
+    fn ranges_are_bounded_and_in_key_order() {
+        let s = MemoryStore::default();
+        let changes: Vec<_> = [b"a", b"b", b"c", b"d"]
+            .iter()
+            .map(|k| (k.to_vec(), Some(k.to_vec())))
+            .collect();
+        s.apply([], &changes, None);
+        let d = s.read();
+        let keys = |e: Entries| e.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+        assert_eq!(
+            keys(d.range(b"b", Some(b"d"), 10)),
+            vec![b"b".to_vec(), b"c".to_vec()]
+        );
+        assert_eq!(
+            keys(d.range(b"b", None, 2)),
+            vec![b"b".to_vec(), b"c".to_vec()]
+        );
+        assert!(d.range(b"c", Some(b"a"), 10).is_empty());
+    }
+
+    #[test]
+    fn windows_of_a_key_and_of_every_key_page_by_time() {
+        let schema = KeySchema::Window { size: 10 };
+        let s = MemoryStore::default();
+        let changes: Vec<_> = [
+            (&b"a"[..], 0),
+            (b"a", 10),
+            (b"ab", 10),
+            (b"b", 0),
+            (b"a", 20),
+        ]
+        .iter()
+        .map(|(k, t)| (wkey(k, *t), Some(b"v".to_vec())))
+        .collect();
+        s.apply([], &changes, None);
+        let d = s.read();
+        let got = d.windows(schema, b"a", 5, 20, 10);
+        assert_eq!(
+            got.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+            vec![wkey(b"a", 10), wkey(b"a", 20)],
+            "not `ab`'s"
+        );
+        let page = d.all_windows(schema, 0, 10, None, 3);
+        let order: Vec<_> = page.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(order, vec![wkey(b"a", 0), wkey(b"b", 0), wkey(b"a", 10)]);
+        let after = MemoryData::window_order(schema, &order[2]);
+        let rest = d.all_windows(schema, 0, 10, Some(&after), 3);
+        assert_eq!(
+            rest.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+            vec![wkey(b"ab", 10)]
+        );
+    }
+}
