@@ -319,8 +319,13 @@ impl Catalog {
         task: TaskId,
         f: impl FnOnce(Holder, &TaskCopy<'_>) -> T,
     ) -> Option<T> {
-        let held = read(&self.copies).get(&task)?.clone();
+        let copies = read(&self.copies);
+        let held = copies.get(&task)?.clone();
+        // The gate is taken while the copy is still listed: a withdraw that removed it in
+        // between would not wait for this read (and a copy without a database has no other
+        // sign that it is gone).
         let _reading = read(&held.gate);
+        drop(copies);
         let db = match &held.db {
             Some(db) => Some(db.upgrade()?),
             None => None,

@@ -979,6 +979,31 @@ fn the_catalog_answers_from_published_copies_only() {
     assert!(catalog.with_copy(task, |_, _| ()).is_none());
 }
 
+#[test]
+fn a_copy_of_in_memory_stores_answers_until_withdrawn() {
+    let catalog = super::Catalog::default();
+    let task = TaskId::new(0, 2);
+    let mem = MemoryStore::default();
+    mem.apply([], &[(b"k".to_vec(), Some(b"v".to_vec()))], Some(3));
+    catalog.publish(task, Holder::Active, None, vec![("m".into(), mem.clone())]);
+    assert_eq!(catalog.holder(task), Some(Holder::Active));
+    let read = |c: &super::Catalog| {
+        c.with_copy(task, |_, copy| {
+            assert!(copy.db.is_none() && copy.memory("other").is_none());
+            let m = copy.memory("m").expect("the store");
+            let d = m.read();
+            (d.map.get(&b"k"[..]).cloned(), d.checkpoint)
+        })
+    };
+    assert_eq!(read(&catalog), Some((Some(b"v".to_vec()), Some(3))));
+    // A later commit is seen: the copy shares the store, it is not a copy of its data.
+    mem.apply([], &[(b"k".to_vec(), Some(b"w".to_vec()))], Some(4));
+    assert_eq!(read(&catalog), Some((Some(b"w".to_vec()), Some(4))));
+    catalog.withdraw(task, Holder::Active);
+    assert_eq!(catalog.holder(task), None);
+    assert_eq!(read(&catalog), None);
+}
+
 // ---- Two workers over HTTP ----
 
 const APP: &str = "applicationId: qa

@@ -182,17 +182,27 @@ impl MemoryData {
         after: Option<&[u8]>,
         limit: usize,
     ) -> Entries {
-        let mut found: Vec<(Vec<u8>, &Vec<u8>, &Vec<u8>)> = self
-            .map
-            .iter()
-            .filter(|(k, _)| schema.time(k).is_some_and(|t| from <= t && t <= to))
-            .map(|(k, v)| (Self::window_order(schema, k), k, v))
-            .filter(|(o, _, _)| after.is_none_or(|a| o.as_slice() > a))
-            .collect();
-        found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        found
+        // The `limit` smallest orders after `after`, kept in a bounded heap: one pass over
+        // the store, never all of its windows at once.
+        let mut kept: std::collections::BinaryHeap<(Vec<u8>, &Vec<u8>, &Vec<u8>)> =
+            std::collections::BinaryHeap::with_capacity(limit.min(self.map.len()) + 1);
+        for (k, v) in &self.map {
+            if !schema.time(k).is_some_and(|t| from <= t && t <= to) {
+                continue;
+            }
+            let order = Self::window_order(schema, k);
+            if after.is_some_and(|a| order.as_slice() <= a)
+                || (kept.len() == limit && kept.peek().is_some_and(|top| order >= top.0))
+            {
+                continue;
+            }
+            kept.push((order, k, v));
+            if kept.len() > limit {
+                kept.pop();
+            }
+        }
+        kept.into_sorted_vec()
             .into_iter()
-            .take(limit)
             .map(|(_, k, v)| (k.clone(), v.clone()))
             .collect()
     }
