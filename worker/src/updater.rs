@@ -229,6 +229,16 @@ struct State {
     last_error: Option<Instant>,
 }
 
+impl Drop for State {
+    /// However the thread ends (stopped, or a panic), queries stop reading its replicas: a
+    /// copy of in-memory stores left listed would answer from state nobody follows any more.
+    fn drop(&mut self) {
+        for r in &self.replicas {
+            self.status.queries.withdraw(r.id, Holder::Replica);
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 enum ReplicaError {
     #[error("standby task {task}: {source}")]
