@@ -83,7 +83,7 @@ impl Chunk {
         &mut self,
         options: &Options,
         path: &Path,
-    ) -> Result<Option<PathBuf>, StoreError> {
+    ) -> Result<Option<SstFile>, StoreError> {
         if self.entries.is_empty() {
             return Ok(None);
         }
@@ -98,11 +98,13 @@ impl Chunk {
         };
         let mut w = SstFileWriter::create(options);
         w.open(path).map_err(rocks)?;
+        let mut data_bytes = 0;
         for (i, e) in self.entries.iter().enumerate() {
             let k = key(e);
             if self.entries.get(i + 1).is_some_and(|n| key(n) == k) {
                 continue;
             }
+            data_bytes += (e.key_len + e.value_len.unwrap_or(0)) as u64;
             match e.value_len {
                 Some(len) => {
                     let v = e.start + e.key_len;
@@ -113,8 +115,30 @@ impl Chunk {
             .map_err(rocks)?;
         }
         w.finish().map_err(rocks)?;
-        Ok(Some(path.to_path_buf()))
+        Ok(Some(SstFile {
+            path: path.to_path_buf(),
+            data_bytes,
+        }))
     }
+}
+
+/// An SST file written from a chunk.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SstFile {
+    pub path: PathBuf,
+    /// Bytes of the keys and values it holds.
+    pub data_bytes: u64,
+}
+
+/// The least data a file must hold to tell whether compression pays.
+const JUDGED_BYTES: u64 = 1 << 20;
+
+/// Whether a compressed SST file of `file_bytes` holding `data_bytes` of keys and values
+/// shows the data compresses; `None` for a file too small to tell. RocksDB keeps a block
+/// whose compression saves less than 1/8 as it was (paying for the attempt): a file about as
+/// large as its data says the attempts were wasted.
+pub fn compresses(data_bytes: u64, file_bytes: u64) -> Option<bool> {
+    (data_bytes >= JUDGED_BYTES).then_some(file_bytes < data_bytes / 10 * 9)
 }
 
 #[cfg(test)]
@@ -174,7 +198,8 @@ mod tests {
             files += 1;
             let path = dir.join(format!("{files}.sst"));
             let file = chunk.write_sst(db.sst_options(), &path).expect("sst");
-            db.ingest("s", file.as_deref(), chunk.next).expect("ingest");
+            db.ingest("s", file.as_ref().map(|f| f.path.as_path()), chunk.next)
+                .expect("ingest");
             assert!(!path.exists(), "the file was moved into the database");
             assert_eq!(db.checkpoint("s").expect("checkpoint"), Some(chunk.next));
             let next = chunk.next;
@@ -343,5 +368,75 @@ mod tests {
             c.bytes()
         );
         assert_eq!((c.read, c.next), (n as u64, n));
+    }
+
+    /// Restore stops compressing what does not compress: random text (the bytes of
+    /// encrypted or hashed values, or of the large-restore benchmark's values) is not, JSON
+    /// records are, and the same data written without compression reads back alike.
+    #[test]
+    fn random_values_are_judged_incompressible_and_json_compressible() {
+        let res = StateResources::new(8 << 20).expect("resources");
+        let dir = tempfile::tempdir().expect("dir");
+        let stores = ["random".to_string(), "json".to_string()];
+        let (db, _) = TaskDb::open(&res, dir.path(), &stores).expect("open");
+        const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        let mut x: u64 = 88172645463325252;
+        let (mut random, mut json) = (
+            Chunk::with_capacity(16 << 20),
+            Chunk::with_capacity(16 << 20),
+        );
+        let mut key_42 = BTreeMap::new();
+        for i in 0..20_000 {
+            let key = format!("key-{i:06}");
+            let v: Vec<u8> = (0..300)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    ALPHABET[(x % ALPHABET.len() as u64) as usize]
+                })
+                .collect();
+            random.push(key.as_bytes(), Some(&v), i);
+            let j = format!(
+                r#"{{"user":"user-{}","amount":{},"status":200,"page":"/products/{:05}"}}"#,
+                i % 977,
+                i % 100,
+                i % 5000
+            );
+            json.push(key.as_bytes(), Some(j.as_bytes()), i);
+            if i == 42 {
+                key_42.insert("random", v);
+                key_42.insert("json", j.into_bytes());
+            }
+        }
+        let dir = db.ingest_dir().expect("dir");
+        for (chunk, store, compresses_well) in
+            [(&mut random, "random", false), (&mut json, "json", true)]
+        {
+            let f = chunk
+                .write_sst(db.sst_options(), &dir.join(format!("{store}.sst")))
+                .expect("write")
+                .expect("a file");
+            let size = std::fs::metadata(&f.path).expect("size").len();
+            assert_eq!(
+                compresses(f.data_bytes, size),
+                Some(compresses_well),
+                "{store}: a file of {size} bytes for {} bytes of keys and values",
+                f.data_bytes
+            );
+            let plain = chunk
+                .write_sst(
+                    db.plain_sst_options(),
+                    &dir.join(format!("{store}-plain.sst")),
+                )
+                .expect("write")
+                .expect("a file");
+            db.ingest(store, Some(&plain.path), chunk.next)
+                .expect("ingest");
+            assert_eq!(db.contents(store).len(), 20_000);
+            let v = db.get(store, b"key-000042").expect("get");
+            assert_eq!(v.as_ref(), key_42.get(store), "{store}");
+        }
+        assert_eq!(compresses(1000, 2000), None, "too little data to tell");
     }
 }

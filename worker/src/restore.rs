@@ -7,7 +7,7 @@
 
 use crate::cache::{Backend, Changes};
 use crate::config::WorkerConfig;
-use crate::ingest::Chunk;
+use crate::ingest::{Chunk, SstFile};
 use crate::metrics::{Metrics, StoreLabels};
 pub use crate::status::Restored;
 use crate::status::Status;
@@ -467,6 +467,8 @@ struct SstJob {
     si: usize,
     chunk: Chunk,
     options: rocksdb::Options,
+    /// Written with the store's compression (else without: see [`Pipeline::compress`]).
+    compressed: bool,
     path: PathBuf,
     /// The partition's last chunk: the store is restored once it is ingested.
     last: bool,
@@ -475,7 +477,7 @@ struct SstJob {
 
 /// A chunk written: its file (none if it had no record) to ingest, in order.
 struct SstDone {
-    file: Option<PathBuf>,
+    file: Option<SstFile>,
     job: SstJob,
 }
 
@@ -512,6 +514,7 @@ fn restore_bulk(
             jobs,
             done,
             spare: Vec::new(),
+            compress: None,
             allocated: 0,
             in_flight: 0,
             chunk_bytes,
@@ -533,11 +536,18 @@ fn restore_bulk(
             let mut seq = 0u64;
             let mut send = |pipe: &mut Pipeline, chunk: Chunk, last: bool| {
                 seq += 1;
+                let compressed = pipe.compress != Some(false);
+                let options = if compressed {
+                    db.sst_options()
+                } else {
+                    db.plain_sst_options()
+                };
                 pipe.send(SstJob {
                     ti: b.ti,
                     si: b.si,
                     chunk,
-                    options: db.sst_options().clone(),
+                    options: options.clone(),
+                    compressed,
                     path: dir.join(format!("{}-{seq}.sst", b.partition)),
                     last,
                     high: b.high,
@@ -583,6 +593,9 @@ struct Pipeline<'a> {
     done: mpsc::Receiver<Written>,
     /// Chunks written and ingested, to fill again.
     spare: Vec<Chunk>,
+    /// Whether this changelog's data compresses, once a file showed it: LZ4 over data it
+    /// cannot shrink was a third of the SST writer's time, for files no smaller.
+    compress: Option<bool>,
     allocated: usize,
     /// Chunks sent to the writer and not ingested yet.
     in_flight: usize,
@@ -610,9 +623,24 @@ impl Pipeline<'_> {
         let SstDone { file, job } = r.map_err(|(ti, e)| self.store_err(ti)(e))?;
         let t = &self.tasks[job.ti];
         let store = &t.stores[job.si].name;
+        if job.compressed
+            && self.compress.is_none()
+            && let Some(f) = &file
+            && let Ok(size) = std::fs::metadata(&f.path).map(|m| m.len())
+        {
+            self.compress = crate::ingest::compresses(f.data_bytes, size);
+            if self.compress == Some(false) {
+                tracing::info!(task = %t.id, store = %store, data_bytes = f.data_bytes, file_bytes = size,
+                    "restore: this store's data does not compress; the rest of its restore writes SST files without compression");
+            }
+        }
         if let Some(db) = &t.db {
-            db.ingest(store, file.as_deref(), job.chunk.next)
-                .map_err(self.store_err(job.ti))?;
+            db.ingest(
+                store,
+                file.as_ref().map(|f| f.path.as_path()),
+                job.chunk.next,
+            )
+            .map_err(self.store_err(job.ti))?;
         }
         let left = if job.last {
             0

@@ -196,6 +196,8 @@ pub struct TaskDb {
     /// The families' options, for SST files built outside the database (see
     /// [`TaskDb::ingest`]) so they have the same format as RocksDB's own.
     sst_options: Options,
+    /// The same without compression, for data that does not compress.
+    plain_sst_options: Options,
 }
 
 /// Keys and values read by range, in key order.
@@ -265,6 +267,11 @@ impl TaskDb {
             segments: Default::default(),
             expired_to: Default::default(),
             sst_options: res.cf_options(),
+            plain_sst_options: {
+                let mut o = res.cf_options();
+                o.set_compression_type(rocksdb::DBCompressionType::None);
+                o
+            },
         };
         let reconciled = db.reconcile(&existing, stores)?;
         // SST files a killed restore wrote but did not ingest: whatever restores next (a bulk
@@ -651,6 +658,12 @@ impl TaskDb {
     /// Options for an SST file to give to [`Self::ingest`].
     pub fn sst_options(&self) -> &Options {
         &self.sst_options
+    }
+
+    /// [`Self::sst_options`] without compression (blocks stay readable whatever the family's
+    /// compression: each says how it was written).
+    pub fn plain_sst_options(&self) -> &Options {
+        &self.plain_sst_options
     }
 
     /// The directory for SST files to ingest (created if missing). It is on the database's
