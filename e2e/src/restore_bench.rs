@@ -465,6 +465,13 @@ fn eddy_restore(yaml: &str, dir: &Path, name: &str) -> Result<Measured> {
     if code != 0 {
         bail!("{name}: worker exited with {code}:\n{}", w.logs());
     }
+    // Restore's own judgement of the data (see docs/architecture.md, "Restore").
+    let logs = w.logs();
+    if logs.lines().any(|l| l.contains("does not compress")) {
+        eprintln!(
+            "{name}: the data did not compress; restore wrote its SST files uncompressed after the first"
+        );
+    }
     Ok(Measured {
         name: name.into(),
         records,
