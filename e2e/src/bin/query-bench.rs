@@ -18,6 +18,7 @@ use clap::Parser;
 use eddy_e2e::operated::{Namespace, Operated, WAIT};
 use eddy_e2e::*;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -110,6 +111,11 @@ fn running(env: &Operated, ns: &str, app: &str) -> Result<bool> {
 #[derive(Default)]
 struct Phase {
     latencies: Vec<u64>,
+    /// (ms since the phase started, µs taken) of each get, to find stalls.
+    timeline: Vec<(u64, u64)>,
+    /// Pauses of the machine itself: (ms since the phase started, ms) a thread asleep for
+    /// 1 ms overslept by more than [`STALL_MS`].
+    stalls: Vec<(u64, u64)>,
     failed: usize,
     first_failure: Option<String>,
     elapsed: f64,
@@ -125,14 +131,46 @@ impl Phase {
         let i = ((v.len() as f64 - 1.0) * p).round() as usize;
         v[i] as f64 / 1000.0
     }
+    /// The machine's pauses: how many, and the longest (ms).
+    fn stalled(&self) -> (usize, u64) {
+        let longest = self.stalls.iter().map(|s| s.1).max().unwrap_or(0);
+        (self.stalls.len(), longest)
+    }
+
     fn json(&self) -> serde_json::Value {
+        let (stalls, longest) = self.stalled();
         serde_json::json!({
+            "machine_stalls": stalls, "longest_machine_stall_ms": longest,
             "requests": self.latencies.len() + self.failed,
             "failed": self.failed,
             "per_second": (self.latencies.len() + self.failed) as f64 / self.elapsed,
             "p50_ms": self.pct(0.5), "p99_ms": self.pct(0.99), "max_ms": self.pct(1.0),
         })
     }
+}
+
+/// A pause longer than this of a thread that asked to sleep 1 ms counts as a stall of the
+/// machine (the VM descheduled, the host busy): every process on it waits as long, and gets
+/// sent before it are answered after it.
+const STALL_MS: u64 = 10;
+
+/// Record the machine's stalls from `started` until `stop`.
+fn watch_stalls(
+    started: Instant,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(u64, u64)>> {
+    std::thread::spawn(move || {
+        let mut stalls = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            std::thread::sleep(Duration::from_millis(1));
+            let over = t.elapsed().saturating_sub(Duration::from_millis(1));
+            if over > Duration::from_millis(STALL_MS) {
+                stalls.push(((t - started).as_millis() as u64, over.as_millis() as u64));
+            }
+        }
+        stalls
+    })
 }
 
 /// `rate` gets a second for `seconds`, each key to the address `target` picks for it.
@@ -145,6 +183,8 @@ fn query_load(
     let client = eddy_worker::query::client::client();
     let out = Arc::new(Mutex::new(Phase::default()));
     let started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = watch_stalls(started, stop.clone());
     rt.block_on(async {
         let mut tasks = Vec::new();
         let total = rate * seconds;
@@ -164,6 +204,7 @@ fn query_load(
                 let mut o = out
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
+                o.timeline.push(((sent - started).as_millis() as u64, took));
                 match r {
                     Ok((code, _, _)) if code.is_success() => o.latencies.push(took),
                     Ok((code, _, body)) => {
@@ -189,6 +230,8 @@ fn query_load(
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
     phase.elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    phase.stalls = watch.join().unwrap_or_default();
     phase
 }
 
@@ -384,6 +427,17 @@ fn main() -> Result<()> {
         args.rate, args.seconds
     );
     let forwarded = query_load(&rt, forwarded, args.rate, args.seconds);
+    if std::env::var_os("QB_TIMELINE").is_some() {
+        for (name, p) in [("local", &local), ("forwarded", &forwarded)] {
+            let mut slow: Vec<_> = p.timeline.iter().filter(|(_, us)| *us > 5_000).collect();
+            slow.sort();
+            eprintln!("query-bench: {name}: gets over 5 ms, (ms into the phase, µs): {slow:?}");
+            eprintln!(
+                "query-bench: {name}: machine stalls (ms into the phase, ms): {:?}",
+                p.stalls
+            );
+        }
+    }
     let c3 = cpu(env, ns, "qb")?;
     let local_cpu = per_get(&local, c1, c2, idle);
     let forwarded_cpu = per_get(&forwarded, c2, c3, idle);
@@ -418,8 +472,9 @@ fn main() -> Result<()> {
 
     let row = |name: &str, p: &Phase, target: f64, cpu: Option<(f64, f64)>| {
         let cpu = cpu.map_or("| | ".into(), |(w, c)| format!("| {w:.0} | {c:.0} "));
+        let (stalls, longest) = p.stalled();
         format!(
-            "| {name} | {:.0} | {:.2} | {:.2} | {:.2} | < {target} | {} {cpu}|",
+            "| {name} | {:.0} | {:.2} | {:.2} | {:.2} | < {target} | {} {cpu}| {stalls} ({longest} ms) |",
             (p.latencies.len() + p.failed) as f64 / p.elapsed,
             p.pct(0.5),
             p.pct(0.99),
@@ -428,9 +483,9 @@ fn main() -> Result<()> {
         )
     };
     println!(
-        "| gets | requests/s | p50 ms | p99 ms | max ms | p99 target | not 200 | workers' CPU µs/get | client's CPU µs/get |"
+        "| gets | requests/s | p50 ms | p99 ms | max ms | p99 target | not 200 | workers' CPU µs/get | client's CPU µs/get | machine stalls > {STALL_MS} ms (longest) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
         "{}",
         row(
