@@ -467,9 +467,9 @@ fn eddy_restore(yaml: &str, dir: &Path, name: &str) -> Result<Measured> {
     }
     // Restore's own judgement of the data (see docs/architecture.md, "Restore").
     let logs = w.logs();
-    if logs.lines().any(|l| l.contains("does not compress")) {
+    if logs.lines().any(|l| l.contains("could not shrink")) {
         eprintln!(
-            "{name}: the data did not compress; restore wrote its SST files uncompressed after the first"
+            "{name}: the data did not compress; restore wrote its later SST files uncompressed"
         );
     }
     Ok(Measured {

@@ -948,7 +948,8 @@ fn hostile_records_are_skipped_and_the_worker_survives() -> Result<()> {
 /// SST files it ingests) is on disk before the task runs: killed with SIGKILL right after it
 /// is ready, the worker restarts without restoring anything again; killed in the middle of
 /// the restore, the next start finishes it; the state is right either way. A small memory
-/// budget makes the restore write many files (2 MiB chunks).
+/// budget makes the restore write many files (2 MiB chunks). The values are random letters,
+/// which do not compress: the first files are written compressed, the later ones without.
 #[test]
 fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
     let app = unique("bigrestore");
@@ -957,13 +958,23 @@ fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
     create_topic(&input, 1)?;
     create_topic(&output, 1)?;
     let keys = 150_000;
-    let pad = "x".repeat(200);
-    let records = |from: usize, n: usize| -> Vec<Input> {
+    let mut x: u64 = 88172645463325252;
+    let mut pad = || -> String {
+        (0..200)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[(x % 36) as usize])
+            })
+            .collect()
+    };
+    let mut records = |from: usize, n: usize| -> Vec<Input> {
         (0..n)
             .map(|k| {
                 (
                     Some(format!("k{k}").into_bytes()),
-                    Some(format!(r#"{{"i":{},"pad":"{pad}"}}"#, from + k).into_bytes()),
+                    Some(format!(r#"{{"i":{},"pad":"{}"}}"#, from + k, pad()).into_bytes()),
                 )
             })
             .collect()
@@ -1004,7 +1015,12 @@ fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
     // Finished, then killed as soon as it is ready.
     let mut w = Worker::start(&yaml, dir.path())?;
     w.wait_ready(READY)?;
+    let logs = w.logs();
     w.kill9()?;
+    ensure!(
+        logs.contains("could not shrink"),
+        "restore judged the random values incompressible and wrote its later files plain:\n{logs}"
+    );
     let mut w = Worker::start(&yaml, dir.path())?;
     w.wait_ready(READY)?;
     let again = w.metric("eddy_restored_records_total", &[])?;

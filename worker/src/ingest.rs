@@ -130,15 +130,42 @@ pub struct SstFile {
     pub data_bytes: u64,
 }
 
-/// The least data a file must hold to tell whether compression pays.
+/// What RocksDB did with the blocks of files written with `options`, whose statistics were
+/// switched on ([`Compression::watched`]): bytes of blocks it kept compressed, and bytes it
+/// stored as they were (a block is kept compressed only if that saves at least 1/8 of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compression {
+    pub kept: u64,
+    pub stored_plain: u64,
+}
+
+/// The least data RocksDB must have tried to compress to tell whether compression pays.
 const JUDGED_BYTES: u64 = 1 << 20;
 
-/// Whether a compressed SST file of `file_bytes` holding `data_bytes` of keys and values
-/// shows the data compresses; `None` for a file too small to tell. RocksDB keeps a block
-/// whose compression saves less than 1/8 as it was (paying for the attempt): a file about as
-/// large as its data says the attempts were wasted.
-pub fn compresses(data_bytes: u64, file_bytes: u64) -> Option<bool> {
-    (data_bytes >= JUDGED_BYTES).then_some(file_bytes < data_bytes / 10 * 9)
+impl Compression {
+    /// `options` with statistics of their own (a clone would otherwise share the original's).
+    pub fn watched(options: &Options) -> Options {
+        let mut o = options.clone();
+        o.enable_statistics();
+        o
+    }
+
+    /// The tally of files written with [`Compression::watched`] options.
+    pub fn of(options: &Options) -> Self {
+        use rocksdb::statistics::Ticker;
+        Self {
+            kept: options.get_ticker_count(Ticker::BytesCompressedFrom),
+            stored_plain: options.get_ticker_count(Ticker::BytesCompressionRejected)
+                + options.get_ticker_count(Ticker::BytesCompressionBypassed),
+        }
+    }
+
+    /// Whether the data compresses: `None` until 1 MiB of blocks were tried; `false` when
+    /// RocksDB kept less than a tenth of them compressed, so that attempting the rest is wasted.
+    pub fn compresses(&self) -> Option<bool> {
+        let tried = self.kept + self.stored_plain;
+        (tried >= JUDGED_BYTES).then_some(self.kept >= tried / 10)
+    }
 }
 
 #[cfg(test)]
@@ -413,15 +440,16 @@ mod tests {
         for (chunk, store, compresses_well) in
             [(&mut random, "random", false), (&mut json, "json", true)]
         {
+            let watched = Compression::watched(db.sst_options());
             let f = chunk
-                .write_sst(db.sst_options(), &dir.join(format!("{store}.sst")))
+                .write_sst(&watched, &dir.join(format!("{store}.sst")))
                 .expect("write")
                 .expect("a file");
-            let size = std::fs::metadata(&f.path).expect("size").len();
+            let tally = Compression::of(&watched);
             assert_eq!(
-                compresses(f.data_bytes, size),
+                tally.compresses(),
                 Some(compresses_well),
-                "{store}: a file of {size} bytes for {} bytes of keys and values",
+                "{store}: {tally:?} for {} bytes of keys and values",
                 f.data_bytes
             );
             let plain = chunk
@@ -431,12 +459,25 @@ mod tests {
                 )
                 .expect("write")
                 .expect("a file");
+            let size = |p: &Path| std::fs::metadata(p).expect("size").len();
+            if compresses_well {
+                assert!(
+                    size(&plain.path) > size(&f.path) * 3 / 2,
+                    "the plain file is written without compression: {} vs {} bytes",
+                    size(&plain.path),
+                    size(&f.path)
+                );
+            }
             db.ingest(store, Some(&plain.path), chunk.next)
                 .expect("ingest");
             assert_eq!(db.contents(store).len(), 20_000);
             let v = db.get(store, b"key-000042").expect("get");
             assert_eq!(v.as_ref(), key_42.get(store), "{store}");
         }
-        assert_eq!(compresses(1000, 2000), None, "too little data to tell");
+        let tiny = Compression {
+            kept: 0,
+            stored_plain: 1000,
+        };
+        assert_eq!(tiny.compresses(), None, "too little data to tell");
     }
 }

@@ -467,8 +467,9 @@ struct SstJob {
     si: usize,
     chunk: Chunk,
     options: rocksdb::Options,
-    /// Written with the store's compression (else without: see [`Pipeline::compress`]).
-    compressed: bool,
+    /// Written with statistics on, to judge whether the data compresses (see
+    /// [`Pipeline::compress`]).
+    judged: bool,
     path: PathBuf,
     /// The partition's last chunk: the store is restored once it is ingested.
     last: bool,
@@ -536,18 +537,18 @@ fn restore_bulk(
             let mut seq = 0u64;
             let mut send = |pipe: &mut Pipeline, chunk: Chunk, last: bool| {
                 seq += 1;
-                let compressed = pipe.compress != Some(false);
-                let options = if compressed {
-                    db.sst_options()
-                } else {
-                    db.plain_sst_options()
+                let judged = pipe.compress.is_none();
+                let options = match pipe.compress {
+                    None => crate::ingest::Compression::watched(db.sst_options()),
+                    Some(true) => db.sst_options().clone(),
+                    Some(false) => db.plain_sst_options().clone(),
                 };
                 pipe.send(SstJob {
                     ti: b.ti,
                     si: b.si,
                     chunk,
-                    options: options.clone(),
-                    compressed,
+                    options,
+                    judged,
                     path: dir.join(format!("{}-{seq}.sst", b.partition)),
                     last,
                     high: b.high,
@@ -593,7 +594,8 @@ struct Pipeline<'a> {
     done: mpsc::Receiver<Written>,
     /// Chunks written and ingested, to fill again.
     spare: Vec<Chunk>,
-    /// Whether this changelog's data compresses, once a file showed it: LZ4 over data it
+    /// Whether this changelog's data compresses, once RocksDB's verdicts on the blocks of a
+    /// file showed it (for all its partitions: one app writes them alike). LZ4 over data it
     /// cannot shrink was a third of the SST writer's time, for files no smaller.
     compress: Option<bool>,
     allocated: usize,
@@ -623,15 +625,16 @@ impl Pipeline<'_> {
         let SstDone { file, job } = r.map_err(|(ti, e)| self.store_err(ti)(e))?;
         let t = &self.tasks[job.ti];
         let store = &t.stores[job.si].name;
-        if job.compressed
+        if job.judged
             && self.compress.is_none()
             && let Some(f) = &file
-            && let Ok(size) = std::fs::metadata(&f.path).map(|m| m.len())
         {
-            self.compress = crate::ingest::compresses(f.data_bytes, size);
+            let tally = crate::ingest::Compression::of(&job.options);
+            self.compress = tally.compresses();
             if self.compress == Some(false) {
-                tracing::info!(task = %t.id, store = %store, data_bytes = f.data_bytes, file_bytes = size,
-                    "restore: this store's data does not compress; the rest of its restore writes SST files without compression");
+                tracing::info!(task = %t.id, store = %store, data_bytes = f.data_bytes,
+                    compressed_bytes = tally.kept, plain_bytes = tally.stored_plain,
+                    "restore: RocksDB could not shrink this store's data; the rest of this restore of its changelog (every partition) writes SST files without compression");
             }
         }
         if let Some(db) = &t.db {

@@ -269,7 +269,9 @@ impl TaskDb {
             sst_options: res.cf_options(),
             plain_sst_options: {
                 let mut o = res.cf_options();
+                // The SST writer takes the bottommost level's compression first.
                 o.set_compression_type(rocksdb::DBCompressionType::None);
+                o.set_bottommost_compression_type(rocksdb::DBCompressionType::None);
                 o
             },
         };
@@ -683,7 +685,8 @@ impl TaskDb {
         wipe(&self.path.join(INGEST_DIR))
     }
 
-    /// Add an SST file (sorted, written with [`Self::sst_options`]) to `store`, then set the
+    /// Add an SST file (sorted, written with [`Self::sst_options`] or
+    /// [`Self::plain_sst_options`]) to `store`, then set the
     /// store's checkpoint. Ingestion gives the file's keys sequence numbers above everything
     /// in the database, so a later file wins over an earlier one and over older data; it
     /// returns once the file is linked and synced and the manifest naming it is synced, so
