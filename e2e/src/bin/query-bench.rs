@@ -116,6 +116,10 @@ struct Phase {
     /// Pauses of the machine itself: (ms since the phase started, ms) a thread asleep for
     /// 1 ms overslept by more than [`STALL_MS`].
     stalls: Vec<(u64, u64)>,
+    /// CPU time the host ran something else while this VM's cores wanted it, in ms summed
+    /// over the cores (`steal` in /proc/stat): a stall with steal is the host's, one without
+    /// is this machine's own cores being busy.
+    steal_ms: Option<u64>,
     failed: usize,
     first_failure: Option<String>,
     elapsed: f64,
@@ -141,6 +145,7 @@ impl Phase {
         let (stalls, longest) = self.stalled();
         serde_json::json!({
             "machine_stalls": stalls, "longest_machine_stall_ms": longest,
+            "host_steal_ms": self.steal_ms,
             "requests": self.latencies.len() + self.failed,
             "failed": self.failed,
             "per_second": (self.latencies.len() + self.failed) as f64 / self.elapsed,
@@ -153,6 +158,20 @@ impl Phase {
 /// machine (the VM descheduled, the host busy): every process on it waits as long, and gets
 /// sent before it are answered after it.
 const STALL_MS: u64 = 10;
+
+/// The host's steal time so far, in ms summed over the cores, if /proc/stat says.
+fn steal_ms() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    // cpu user nice system idle iowait irq softirq steal ... (in USER_HZ, 100 a second)
+    let steal: u64 = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .nth(8)?
+        .parse()
+        .ok()?;
+    Some(steal * 10)
+}
 
 /// Record the machine's stalls from `started` until `stop`.
 fn watch_stalls(
@@ -185,6 +204,7 @@ fn query_load(
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let watch = watch_stalls(started, stop.clone());
+    let steal_before = steal_ms();
     rt.block_on(async {
         let mut tasks = Vec::new();
         let total = rate * seconds;
@@ -231,7 +251,12 @@ fn query_load(
     );
     phase.elapsed = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    phase.stalls = watch.join().unwrap_or_default();
+    phase.stalls = watch
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    phase.steal_ms = steal_ms()
+        .zip(steal_before)
+        .map(|(after, before)| after.saturating_sub(before));
     phase
 }
 
@@ -314,8 +339,7 @@ fn catch_up(
                     .collect();
                 // Long enough to cover the whole catch-up.
                 load = Some(std::thread::spawn(move || {
-                    tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(1)
+                    tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
                         .map(|rt| query_load(&rt, targets, rate, 40))
@@ -354,8 +378,9 @@ fn catch_up(
 fn main() -> Result<()> {
     let args = Args::parse();
     let env = eddy_e2e::operated::shared(1, |_, _| Ok(()))?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // One thread sends, answers and times: a runtime with a worker thread beside the sender
+    // woke it for every get, which the catch-up ratio charges to eddy.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let space = Namespace::new(env, &[])?;
@@ -473,8 +498,9 @@ fn main() -> Result<()> {
     let row = |name: &str, p: &Phase, target: f64, cpu: Option<(f64, f64)>| {
         let cpu = cpu.map_or("| | ".into(), |(w, c)| format!("| {w:.0} | {c:.0} "));
         let (stalls, longest) = p.stalled();
+        let steal = p.steal_ms.map_or("?".into(), |s| s.to_string());
         format!(
-            "| {name} | {:.0} | {:.2} | {:.2} | {:.2} | < {target} | {} {cpu}| {stalls} ({longest} ms) |",
+            "| {name} | {:.0} | {:.2} | {:.2} | {:.2} | < {target} | {} {cpu}| {stalls} ({longest} ms) | {steal} |",
             (p.latencies.len() + p.failed) as f64 / p.elapsed,
             p.pct(0.5),
             p.pct(0.99),
@@ -483,9 +509,9 @@ fn main() -> Result<()> {
         )
     };
     println!(
-        "| gets | requests/s | p50 ms | p99 ms | max ms | p99 target | not 200 | workers' CPU µs/get | client's CPU µs/get | machine stalls > {STALL_MS} ms (longest) |"
+        "| gets | requests/s | p50 ms | p99 ms | max ms | p99 target | not 200 | workers' CPU µs/get | client's CPU µs/get | machine stalls > {STALL_MS} ms (longest) | host's steal ms |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
         "{}",
         row(
