@@ -339,7 +339,8 @@ fn catch_up(
                     .collect();
                 // Long enough to cover the whole catch-up.
                 load = Some(std::thread::spawn(move || {
-                    tokio::runtime::Builder::new_current_thread()
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(1)
                         .enable_all()
                         .build()
                         .map(|rt| query_load(&rt, targets, rate, 40))
@@ -378,9 +379,8 @@ fn catch_up(
 fn main() -> Result<()> {
     let args = Args::parse();
     let env = eddy_e2e::operated::shared(1, |_, _| Ok(()))?;
-    // One thread sends, answers and times: a runtime with a worker thread beside the sender
-    // woke it for every get, which the catch-up ratio charges to eddy.
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()?;
     let space = Namespace::new(env, &[])?;
