@@ -7,7 +7,7 @@
 
 use crate::cache::{Backend, Changes};
 use crate::config::WorkerConfig;
-use crate::ingest::{Chunk, SstFile};
+use crate::ingest::Chunk;
 use crate::metrics::{Metrics, StoreLabels};
 pub use crate::status::Restored;
 use crate::status::Status;
@@ -478,7 +478,7 @@ struct SstJob {
 
 /// A chunk written: its file (none if it had no record) to ingest, in order.
 struct SstDone {
-    file: Option<SstFile>,
+    file: Option<PathBuf>,
     job: SstJob,
 }
 
@@ -625,25 +625,17 @@ impl Pipeline<'_> {
         let SstDone { file, job } = r.map_err(|(ti, e)| self.store_err(ti)(e))?;
         let t = &self.tasks[job.ti];
         let store = &t.stores[job.si].name;
-        if job.judged
-            && self.compress.is_none()
-            && let Some(f) = &file
-        {
+        if job.judged && self.compress.is_none() && file.is_some() {
             let tally = crate::ingest::Compression::of(&job.options);
             self.compress = tally.compresses();
             if self.compress == Some(false) {
-                tracing::info!(task = %t.id, store = %store, data_bytes = f.data_bytes,
-                    compressed_bytes = tally.kept, plain_bytes = tally.stored_plain,
+                tracing::info!(task = %t.id, store = %store, compressed_bytes = tally.kept, plain_bytes = tally.stored_plain,
                     "restore: RocksDB could not shrink this store's data; the rest of this restore of its changelog (every partition) writes SST files without compression");
             }
         }
         if let Some(db) = &t.db {
-            db.ingest(
-                store,
-                file.as_ref().map(|f| f.path.as_path()),
-                job.chunk.next,
-            )
-            .map_err(self.store_err(job.ti))?;
+            db.ingest(store, file.as_deref(), job.chunk.next)
+                .map_err(self.store_err(job.ti))?;
         }
         let left = if job.last {
             0
