@@ -858,6 +858,18 @@ pub fn kafka_node(cluster: &str, node: usize, action: &str) -> Result<()> {
     Ok(())
 }
 
+/// Fill `out` with letters and digits from the xorshift64 generator at `state`: cheap, and
+/// random enough that LZ4 finds nothing to compress (like encrypted or hashed values).
+pub fn incompressible_text(state: &mut u64, out: &mut [u8]) {
+    const ALPHABET: &[u8; 62] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    for b in out {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *b = ALPHABET[(*state % 62) as usize];
+    }
+}
+
 /// Records produced in the background at a steady rate until [`Load::stop`]: keys `k0..kN`
 /// (partitioned like Kafka's Java client), JSON values. It keeps producing through broker
 /// outages (librdkafka buffers and retries for 10 minutes), so a test can break things under

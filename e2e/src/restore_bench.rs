@@ -367,19 +367,12 @@ fn produce_values(
     let mut cfg = client(PRODUCER_TUNING)?;
     let p: ThreadedProducer<DefaultProducerContext> =
         cfg.set("enable.idempotence", "true").create()?;
-    const ALPHABET: &[u8; 62] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
     let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ seed;
     let mut value = vec![b'"'; o.value_bytes];
     let mut bytes = 0u64;
     for i in keys {
         let key = format!("key-{i:09}");
-        for b in &mut value[1..o.value_bytes - 1] {
-            // xorshift64: cheap, and random enough that LZ4 finds nothing to compress.
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            *b = ALPHABET[(rng % 62) as usize];
-        }
+        incompressible_text(&mut rng, &mut value[1..o.value_bytes - 1]);
         let part = eddy_worker::partitioner::partition_for(key.as_bytes(), partitions);
         let rec = BaseRecord::to(topic)
             .key(key.as_bytes())

@@ -960,14 +960,9 @@ fn large_restore_is_persisted_before_the_task_runs() -> Result<()> {
     let keys = 150_000;
     let mut x: u64 = 88172645463325252;
     let mut pad = || -> String {
-        (0..200)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[(x % 36) as usize])
-            })
-            .collect()
+        let mut text = [0u8; 200];
+        incompressible_text(&mut x, &mut text);
+        String::from_utf8_lossy(&text).into_owned()
     };
     let mut records = |from: usize, n: usize| -> Vec<Input> {
         (0..n)
