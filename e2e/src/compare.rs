@@ -634,6 +634,13 @@ fn restore_eddy(yaml: &str, dir: &Path) -> Result<(f64, f64)> {
     Ok((secs, n))
 }
 
+/// `-Djava.io.tmpdir` in a run's own (temporary) directory: RocksDB's JNI library and
+/// lz4-java copy their native libraries there, ~15 MiB a run, and a killed JVM never deletes
+/// them.
+pub fn jvm_tmpdir(dir: &Path) -> String {
+    format!("-Djava.io.tmpdir={}", dir.display())
+}
+
 /// Run the reference app; returns (wall seconds, cpu, rss, its JSON line).
 pub fn run_java(
     jar: &Path,
@@ -644,6 +651,7 @@ pub fn run_java(
     let started = Instant::now();
     let mut child = Command::new("java")
         .args(jvm_opts)
+        .arg(jvm_tmpdir(log.parent().unwrap_or(Path::new("."))))
         .arg("-jar")
         .arg(jar)
         .args(args)

@@ -46,6 +46,7 @@ impl KsInstance {
     ) -> Result<KsInstance> {
         let log = logs.join(format!("{app}-{name}.log"));
         let mut child = Command::new("java")
+            .arg(crate::compare::jvm_tmpdir(dir))
             .arg("-jar")
             .arg(jar)
             .args(["--bootstrap", &bootstrap()?, "--app-id", app])
