@@ -6,7 +6,7 @@
 #   kafka.sh info [--name NAME]                  print its listeners and test credentials (KEY=VALUE lines)
 #   kafka.sh stop [--name NAME]                  stop it and remove its run dir (idempotent)
 #   kafka.sh bootstrap [--name NAME]             print the bootstrap address, exit 1 if not running
-#   kafka.sh node stop|start|pause|resume --name NAME --node I
+#   kafka.sh node stop|kill|start|pause|resume --name NAME --node I
 #                                                fault injection on one node (data and ports kept)
 #   kafka.sh tool <alias|MainClass> [args...]    run a Kafka CLI tool on the same classpath
 #   kafka.sh fetch                               only resolve the jars (prints the libs dir)
@@ -44,7 +44,7 @@ usage: kafka.sh start [--brokers N] [--name NAME] [--sasl] [--tls]
        kafka.sh info [--name NAME]
        kafka.sh stop [--name NAME]
        kafka.sh bootstrap [--name NAME]
-       kafka.sh node stop|start|pause|resume [--name NAME] --node I
+       kafka.sh node stop|kill|start|pause|resume [--name NAME] --node I
        kafka.sh tool <alias|MainClass> [args...]
        kafka.sh fetch
 
@@ -764,8 +764,8 @@ cmd_stop() {
   log "cluster '$NAME' stopped"
 }
 
-# kafka.sh node stop|start|pause|resume --name NAME --node I: fault injection on one node of
-# a running cluster, keeping its data and ports (a broker restart, or a frozen broker).
+# kafka.sh node stop|kill|start|pause|resume --name NAME --node I: fault injection on one node of
+# a running cluster, keeping its data and ports (a broker restart, a crash, or a frozen broker).
 cmd_node() {
   local action="${1:-}" node= args=()
   [[ $# -ge 1 ]] && shift
@@ -794,6 +794,17 @@ cmd_node() {
     kill -KILL "$pid" 2>/dev/null || true
     log "node $node of '$NAME' killed after ${STOP_TIMEOUT}s"
     ;;
+  kill)
+    # A crash: no controlled shutdown, the page cache keeps what was written.
+    node_alive "$pid" "$d" || { log "node $node of '$NAME' is not running"; return 0; }
+    kill -KILL "$pid"
+    local waited
+    for ((waited = 0; waited < STOP_TIMEOUT * 5; waited++)); do
+      node_alive "$pid" "$d" || { log "node $node of '$NAME' killed"; return 0; }
+      sleep 0.2
+    done
+    die "node $node of '$NAME' still running after SIGKILL"
+    ;;
   start)
     require_java
     node_alive "$pid" "$d" && { log "node $node of '$NAME' is already running"; return 0; }
@@ -813,7 +824,7 @@ cmd_node() {
     if [[ $action == pause ]]; then kill -STOP "$pid"; else kill -CONT "$pid"; fi
     log "node $node of '$NAME': $action"
     ;;
-  *) die "usage: kafka.sh node stop|start|pause|resume --name NAME --node I" ;;
+  *) die "usage: kafka.sh node stop|kill|start|pause|resume --name NAME --node I" ;;
   esac
 }
 

@@ -1,5 +1,5 @@
-//! The broker goes away under load and comes back: stopped for 30 s (a restart, a rolling
-//! upgrade), then frozen for 20 s (SIGSTOP: a long GC pause, a hung host). Workers keep their
+//! The broker goes away under load and comes back: down for 30 s (a crash and restart), then
+//! frozen for 20 s (SIGSTOP: a long GC pause, a hung host). Workers keep their
 //! processes and their state, and resume when the broker answers again: under exactly-once
 //! every key's committed count is strictly increasing and exact at the end, under
 //! at-least-once nothing is lost. A test binary of its own, because it runs (and breaks) its
@@ -68,27 +68,29 @@ fn workers_survive_a_broker_restart_and_a_frozen_broker() -> Result<()> {
     })
     .map_err(|e| anyhow::anyhow!("no progress before the outage: {e}\n{}", eos.logs()))?;
 
-    // A broker restart: down for 30 s (longer than the 30 s transaction timeout).
-    kafka_node(&cluster, 1, "stop")?;
+    // A broker crash: down for 30 s (longer than the 30 s transaction timeout). Killed, not
+    // stopped: a controlled shutdown of a partition's last replica makes Kafka's transaction
+    // coordinator complete a commit that arrives meanwhile without writing its markers (the
+    // leader is unknown, so the partitions are taken for deleted), which leaves the input
+    // offsets pending for good (docs/operations.md, "A transaction left hanging").
+    kafka_node(&cluster, 1, "kill")?;
     hold(Duration::from_secs(30), &mut [&mut eos, &mut alos])?;
     kafka_node(&cluster, 1, "start")?;
     eos.wait_ready(Duration::from_secs(120))?;
     alos.wait_ready(Duration::from_secs(120))?;
     let processed = eos.metric("eddy_records_processed_total", &[])?;
-    // Usually 2-7 s. Under the whole suite's load the exactly-once worker has stayed stuck
-    // (every read of its committed offsets timing out after the broker came back: an open
-    // fault, not fixed yet): a failure carries the worker's state and log.
+    // Usually 0-8 s; a failure carries the worker's state and log.
     let back = Instant::now();
     wait_until(Duration::from_secs(120), || {
         Ok(eos.metric("eddy_records_processed_total", &[])? > processed + 1000.0)
     })
     .map_err(|e| {
-        // A lag that grows is the worker's; a lag of 0 is the load's producer not back yet.
+        // /readyz says why the worker waits (the input lag would not: a worker that has not
+        // resumed its partitions yet reports none).
         let metric = |name: &str| eos.metric(name, &[]).map_or(-1.0, |v| v);
         anyhow::anyhow!(
-            "no progress after the restart ({processed} processed before): {e}; processed {}, input lag {}, recoveries {}; health {:?}\n{}",
+            "no progress after the restart ({processed} processed before): {e}; processed {}, recoveries {}; health {:?}\n{}",
             metric("eddy_records_processed_total"),
-            metric("eddy_consumer_lag_records"),
             metric("eddy_recoveries_total"),
             eos.health().ok(),
             eos.logs()

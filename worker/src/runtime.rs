@@ -1023,7 +1023,14 @@ impl Manager<'_> {
             self.consumer
                 .committed_offsets(tpl.clone(), Duration::from_secs(30))
         })
-        .map_err(kafka("reading committed offsets"))?;
+        .map_err(kafka(if self.cfg.exactly_once() {
+            // Read-committed reads wait while a transaction holds the offsets; one that never
+            // ends is a broker fault the operator has to clear.
+            "reading committed offsets (they wait for any open transaction on them: if this \
+             repeats for minutes, see \"A transaction left hanging\" in docs/operations.md)"
+        } else {
+            "reading committed offsets"
+        }))?;
         self.jobs[i].committed = Some(committed);
         let cfg = self.cfg.clone();
         let (metrics, status) = (self.metrics.clone(), self.status.clone());
