@@ -123,7 +123,7 @@ fn engine(records: usize, keys: usize, partitions: i32) -> Result<Value> {
     let mut rows = Vec::new();
 
     // (a) the ceilings: the raw clients in their own process, tuned like eddy's.
-    let consume = raw_run(
+    let consume = raw_ceiling(
         "(a) raw consume of the input",
         &["consume", &bs, &input, &a.records.to_string()],
         a.records,
@@ -131,7 +131,7 @@ fn engine(records: usize, keys: usize, partitions: i32) -> Result<Value> {
     rows.push(consume.clone());
     let out = unique("bench-pass-out");
     create_topic(&out, a.partitions)?;
-    let pass = raw_run(
+    let pass = raw_ceiling(
         "(a) raw consume→produce",
         &["passthrough", &bs, &input, &a.records.to_string(), &out],
         a.records,
@@ -559,10 +559,28 @@ fn producer_perf(topic: &str, records: usize) -> Result<Tool> {
     })
 }
 
+/// How many times each raw ceiling runs; the fastest run is the ceiling.
+const CEILING_TRIES: usize = 3;
+
+/// A ceiling: `raw_run` [`CEILING_TRIES`] times, the fastest kept. What the client can reach
+/// is its best run (noise only slows a run down); on runs of a second or less one unlucky
+/// run would otherwise let eddy, measured once, "beat" it.
+fn raw_ceiling(name: &str, args: &[&str], records: usize) -> Result<Run> {
+    let mut best: Option<Run> = None;
+    for i in 1..=CEILING_TRIES {
+        eprintln!("running {name} ({i} of {CEILING_TRIES}, the fastest kept)");
+        let run = raw_run(name, args, records)?;
+        eprintln!("  {:.3} s", run.seconds);
+        if best.as_ref().is_none_or(|b| run.seconds < b.seconds) {
+            best = Some(run);
+        }
+    }
+    best.context("no ceiling run")
+}
+
 /// Run `eddy-bench raw <args>` (a raw client in its own process, as eddy's worker is) from
 /// start to exit, sampling its peak RSS and CPU time.
 fn raw_run(name: &str, args: &[&str], records: usize) -> Result<Run> {
-    eprintln!("running {name}");
     let started = Instant::now();
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .arg("raw")
