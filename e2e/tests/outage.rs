@@ -40,6 +40,52 @@ fn hold(d: Duration, workers: &mut [&mut Worker]) -> Result<()> {
     Ok(())
 }
 
+/// What the broker says about open transactions, for a failure's message: a transaction the
+/// group coordinator holds open while the transaction coordinator lists its id as `Empty` is
+/// Kafka's hanging transaction (docs/operations.md, "A transaction left hanging").
+fn open_transactions() -> String {
+    let tool = |args: &[&str]| -> String {
+        let run = || -> Result<String> {
+            let out = std::process::Command::new("bash")
+                .arg(repo_root().join("e2e/kafka/kafka.sh"))
+                .args(["tool", "transactions", "--bootstrap-server", &bootstrap()?])
+                .args(args)
+                .output()?;
+            Ok(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        };
+        run().unwrap_or_else(|e| format!("({e})\n"))
+    };
+    let mut report = format!("kafka-transactions list:\n{}", tool(&["list"]));
+    // kafka.sh's brokers have 10 partitions of __consumer_offsets.
+    for p in 0..10 {
+        let producers = tool(&[
+            "describe-producers",
+            "--topic",
+            "__consumer_offsets",
+            "--partition",
+            &p.to_string(),
+        ]);
+        // A producer's row ends in its open transaction's start offset, or `None`.
+        let open: Vec<&str> = producers
+            .lines()
+            .skip(1)
+            .filter(|l| l.split_whitespace().last().is_some_and(|o| o != "None"))
+            .collect();
+        if !open.is_empty() {
+            report += &format!(
+                "open in __consumer_offsets-{p}:\n{}\n{}\n",
+                producers.lines().next().unwrap_or(""),
+                open.join("\n")
+            );
+        }
+    }
+    report
+}
+
 #[test]
 fn workers_survive_a_broker_restart_and_a_frozen_broker() -> Result<()> {
     let cluster = format!("outage-{}", std::process::id());
@@ -76,7 +122,8 @@ fn workers_survive_a_broker_restart_and_a_frozen_broker() -> Result<()> {
     kafka_node(&cluster, 1, "kill")?;
     hold(Duration::from_secs(30), &mut [&mut eos, &mut alos])?;
     kafka_node(&cluster, 1, "start")?;
-    eos.wait_ready(Duration::from_secs(120))?;
+    eos.wait_ready(Duration::from_secs(120))
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", open_transactions()))?;
     alos.wait_ready(Duration::from_secs(120))?;
     let processed = eos.metric("eddy_records_processed_total", &[])?;
     // Usually 0-8 s; a failure carries the worker's state and log.
@@ -89,11 +136,12 @@ fn workers_survive_a_broker_restart_and_a_frozen_broker() -> Result<()> {
         // resumed its partitions yet reports none).
         let metric = |name: &str| eos.metric(name, &[]).map_or(-1.0, |v| v);
         anyhow::anyhow!(
-            "no progress after the restart ({processed} processed before): {e}; processed {}, recoveries {}; health {:?}\n{}",
+            "no progress after the restart ({processed} processed before): {e}; processed {}, recoveries {}; health {:?}\n{}\n{}",
             metric("eddy_records_processed_total"),
             metric("eddy_recoveries_total"),
             eos.health().ok(),
-            eos.logs()
+            eos.logs(),
+            open_transactions()
         )
     })?;
     eprintln!(
