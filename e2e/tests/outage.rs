@@ -69,11 +69,19 @@ fn open_transactions() -> String {
             "--partition",
             &p.to_string(),
         ]);
+        if !producers.starts_with("ProducerId") {
+            report += &format!("describe-producers __consumer_offsets-{p}: {producers}");
+            continue;
+        }
         // A producer's row ends in its open transaction's start offset, or `None`.
         let open: Vec<&str> = producers
             .lines()
             .skip(1)
-            .filter(|l| l.split_whitespace().last().is_some_and(|o| o != "None"))
+            .filter(|l| {
+                l.split_whitespace()
+                    .last()
+                    .is_some_and(|o| o.parse::<i64>().is_ok())
+            })
             .collect();
         if !open.is_empty() {
             report += &format!(
