@@ -817,15 +817,16 @@ impl Drop for Forwarder {
     }
 }
 
-/// `e2e/kafka/kafka.sh tool <args>` against the test broker (`--bootstrap-server` is added):
-/// a Kafka CLI tool, e.g. `configs` for what the admin API of librdkafka lacks (client quotas).
+/// `e2e/kafka/kafka.sh tool <args>` against the test broker: a Kafka CLI tool, e.g. `configs`
+/// for what the admin API of librdkafka lacks (client quotas). `--bootstrap-server` goes right
+/// after the tool's name, where tools with subcommands (`transactions list`) require it.
 pub fn kafka_tool(args: &[&str]) -> Result<String> {
     let bs = bootstrap()?;
+    let (tool, rest) = args.split_first().context("kafka_tool: no tool named")?;
     let out = Command::new("bash")
         .arg(repo_root().join("e2e/kafka/kafka.sh"))
-        .arg("tool")
-        .args(args)
-        .args(["--bootstrap-server", &bs])
+        .args(["tool", tool, "--bootstrap-server", &bs])
+        .args(rest)
         .output()?;
     if !out.status.success() {
         bail!(

@@ -44,20 +44,9 @@ fn hold(d: Duration, workers: &mut [&mut Worker]) -> Result<()> {
 /// group coordinator holds open while the transaction coordinator lists its id as `Empty` is
 /// Kafka's hanging transaction (docs/operations.md, "A transaction left hanging").
 fn open_transactions() -> String {
-    let tool = |args: &[&str]| -> String {
-        let run = || -> Result<String> {
-            let out = std::process::Command::new("bash")
-                .arg(repo_root().join("e2e/kafka/kafka.sh"))
-                .args(["tool", "transactions", "--bootstrap-server", &bootstrap()?])
-                .args(args)
-                .output()?;
-            Ok(format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        };
-        run().unwrap_or_else(|e| format!("({e})\n"))
+    let tool = |args: &[&str]| {
+        let args = [&["transactions"], args].concat();
+        kafka_tool(&args).unwrap_or_else(|e| format!("({e:#})\n"))
     };
     let mut report = format!("kafka-transactions list:\n{}", tool(&["list"]));
     // kafka.sh's brokers have 10 partitions of __consumer_offsets.
