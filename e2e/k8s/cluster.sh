@@ -53,42 +53,10 @@ EOF
 }
 
 # ---------------------------------------------------------------------------- locking
-# lock FD FILE: flock(1) where available (util-linux), else a mkdir lock holding our pid.
-
-MKDIR_LOCKS=()
-
-lock() {
-  local fd="$1" file="$2"
-  mkdir -p "$(dirname "$file")"
-  if command -v flock >/dev/null 2>&1; then
-    eval "exec $fd>>\"\$file\""
-    flock -w 900 "$fd" || die "timed out waiting for lock $file"
-    return 0
-  fi
-  local dir="$file.d" waited=0 holder
-  until mkdir "$dir" 2>/dev/null; do
-    holder="$(cat "$dir/pid" 2>/dev/null || true)"
-    if [[ -n $holder ]] && ! kill -0 "$holder" 2>/dev/null; then
-      rm -rf "$dir" # stale: its holder is gone
-      continue
-    fi
-    sleep 0.2
-    waited=$((waited + 1))
-    ((waited < 4500)) || die "timed out waiting for lock $dir (remove it if no cluster.sh is running)"
-  done
-  echo "$$" >"$dir/pid"
-  MKDIR_LOCKS+=("$dir")
-  trap 'rm -rf "${MKDIR_LOCKS[@]}"' EXIT
-}
-
-unlock() {
-  local fd="$1" file="$2"
-  if command -v flock >/dev/null 2>&1; then
-    eval "exec $fd>&-"
-  else
-    rm -rf "$file.d"
-  fi
-}
+# lock FD FILE / unlock FD / lock_remove FILE / locks_release
+# shellcheck source=../lib/lock.sh
+. "$SCRIPT_DIR/../lib/lock.sh"
+trap locks_release EXIT
 
 # ---------------------------------------------------------------------------- tools
 
@@ -187,34 +155,9 @@ log_tail() { # NAME
 
 # ---------------------------------------------------------------------------- ports
 
-port_listening() { # a TCP connect to 127.0.0.1:PORT succeeds
-  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
-# Prints COUNT distinct free ports. Caller holds the ports lock; ports named in any run dir's
-# 'ports' file (kafka's and ours) count as taken even before they are bound.
-pick_ports() {
-  local count="$1" used=" " reserved=" " picked=" " out=() p tries=0 addr rest f
-  if [[ -r /proc/net/tcp ]]; then # every local TCP port in use, in any state
-    while read -r _ addr rest; do
-      [[ $addr == *:* ]] || continue
-      used+="$((16#${addr##*:})) "
-    done < <(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || true)
-  fi
-  for f in "$RUN_ROOT"/*/ports; do
-    [[ -f $f ]] && reserved+="$(tr '\n' ' ' <"$f") "
-  done
-  while ((${#out[@]} < count)); do
-    tries=$((tries + 1))
-    ((tries <= 5000)) || die "could not find $count free TCP ports in $PORT_MIN-$((PORT_MAX - 1))"
-    p=$((PORT_MIN + (RANDOM * 32768 + RANDOM) % (PORT_MAX - PORT_MIN)))
-    [[ $used == *" $p "* || $reserved == *" $p "* || $picked == *" $p "* ]] && continue
-    port_listening "$p" && continue
-    out+=("$p")
-    picked+="$p "
-  done
-  echo "${out[*]}"
-}
+# port_listening PORT / pick_ports COUNT
+# shellcheck source=../lib/ports.sh
+. "$SCRIPT_DIR/../lib/ports.sh"
 
 wait_port() { # NAME PORT: until something listens on PORT; fail fast if NAME died
   local name="$1" port="$2" waited=0
@@ -454,7 +397,7 @@ cmd_start() {
     kill_all
     exit 1
   fi
-  unlock 8 "$RUN_ROOT/.ports.lock"
+  unlock 8
 
   if ! (wait_ready); then
     kill_all
@@ -476,6 +419,7 @@ cmd_stop() {
   [[ -d $RUN_DIR ]] || return 0
   kill_all
   rm -rf "$RUN_DIR"
+  lock_remove "$RUN_ROOT/k8s-$NAME.lock"
   log "stopped $NAME"
 }
 

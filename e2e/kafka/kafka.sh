@@ -146,46 +146,9 @@ require_java() {
 }
 
 # ---------------------------------------------------------------------------- locking
-# lock FD FILE / unlock FD: flock(1) where available, else a mkdir lock holding our pid.
-
-MKDIR_LOCKS=()
-
-lock() {
-  local fd="$1" file="$2"
-  mkdir -p "$(dirname "$file")"
-  if command -v flock >/dev/null 2>&1; then
-    eval "exec $fd>>\"\$file\""
-    flock -w 900 "$fd" || die "timed out waiting for lock $file"
-    return 0
-  fi
-  local dir="$file.d" waited=0 holder
-  until mkdir "$dir" 2>/dev/null; do
-    holder="$(cat "$dir/pid" 2>/dev/null || true)"
-    if [[ -n $holder ]] && ! kill -0 "$holder" 2>/dev/null; then
-      rm -rf "$dir" # stale: its holder is gone
-      continue
-    fi
-    sleep 0.2
-    waited=$((waited + 1))
-    ((waited < 4500)) || die "timed out waiting for lock $dir (remove it if no kafka.sh is running)"
-  done
-  echo "$$" >"$dir/pid"
-  MKDIR_LOCKS+=("$fd:$dir")
-}
-
-unlock() {
-  local fd="$1" i
-  if command -v flock >/dev/null 2>&1; then
-    eval "exec $fd>&-"
-    return 0
-  fi
-  for i in "${!MKDIR_LOCKS[@]}"; do
-    if [[ ${MKDIR_LOCKS[$i]%%:*} == "$fd" ]]; then
-      rm -rf "${MKDIR_LOCKS[$i]#*:}"
-      unset "MKDIR_LOCKS[$i]"
-    fi
-  done
-}
+# lock FD FILE / unlock FD / lock_remove FILE / locks_release
+# shellcheck source=../lib/lock.sh
+. "$SCRIPT_DIR/../lib/lock.sh"
 
 # ---------------------------------------------------------------------------- jars
 
@@ -326,34 +289,9 @@ stop_nodes() {
 
 # ---------------------------------------------------------------------------- ports
 
-port_listening() { # a TCP connect to 127.0.0.1:PORT succeeds
-  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
-
-# Prints COUNT distinct free ports. Caller holds the ports lock, so two concurrent starts never
-# pick the same ones: ports named in other clusters' run dirs count as taken even before bind.
-pick_ports() {
-  local count="$1" used=" " reserved=" " picked=" " out=() p tries=0 addr rest f
-  if [[ -r /proc/net/tcp ]]; then # every local TCP port in use, in any state
-    while read -r _ addr rest; do
-      [[ $addr == *:* ]] || continue
-      used+="$((16#${addr##*:})) "
-    done < <(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null || true)
-  fi
-  for f in "$RUN_ROOT"/kafka-*/ports; do
-    [[ -f $f ]] && reserved+="$(tr '\n' ' ' <"$f") "
-  done
-  while ((${#out[@]} < count)); do
-    tries=$((tries + 1))
-    ((tries <= 5000)) || die "could not find $count free TCP ports in $PORT_MIN-$((PORT_MAX - 1))"
-    p=$((PORT_MIN + (RANDOM * 32768 + RANDOM) % (PORT_MAX - PORT_MIN)))
-    [[ $used == *" $p "* || $reserved == *" $p "* || $picked == *" $p "* ]] && continue
-    port_listening "$p" && continue
-    out+=("$p")
-    picked+="$p "
-  done
-  echo "${out[*]}"
-}
+# port_listening PORT / pick_ports COUNT
+# shellcheck source=../lib/ports.sh
+. "$SCRIPT_DIR/../lib/ports.sh"
 
 # ---------------------------------------------------------------------------- start
 
@@ -545,8 +483,7 @@ on_exit() {
     kill_started_nodes
     log "start failed; logs kept in $RUN_DIR ('kafka.sh stop --name $NAME' removes it)"
   fi
-  local l
-  for l in "${MKDIR_LOCKS[@]+"${MKDIR_LOCKS[@]}"}"; do rm -rf "${l#*:}"; done
+  locks_release
 }
 trap on_exit EXIT
 trap 'exit 130' INT
@@ -761,6 +698,7 @@ cmd_stop() {
   fi
   stop_nodes
   rm -rf "$RUN_DIR"
+  lock_remove "$RUN_ROOT/kafka-$NAME.lock"
   log "cluster '$NAME' stopped"
 }
 

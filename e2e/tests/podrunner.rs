@@ -95,21 +95,11 @@ impl Drop for Guard {
                 eprintln!("{l}");
             }
         }
-        let stopped = Command::new("bash")
+        let _ = Command::new("bash")
             .arg(repo_root().join("e2e/k8s/cluster.sh"))
             .args(["stop", "--name", &self.cluster])
             .stdout(Stdio::null())
             .status();
-        // cluster.sh leaves its (unique, unheld) lock file behind.
-        if stopped.is_ok_and(|s| s.success()) {
-            let run = std::env::var_os("EDDY_RUN")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/eddy/run")
-                });
-            let _ = std::fs::remove_file(run.join(format!("k8s-{}.lock", self.cluster)));
-        }
     }
 }
 
