@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Interactive queries under load (see docs/benchmarks.md, "Interactive queries"): builds eddy,
-# starts a local broker named "querybench" unless EDDY_TEST_BOOTSTRAP points at one, runs
+# starts a local broker of its own ("querybench-<pid>", so that two runs never share one)
+# unless EDDY_TEST_BOOTSTRAP points at one, runs
 # query-bench with the given arguments (it starts and stops its own local control plane,
 # operator and pod runner) and stops the broker.
 #
@@ -13,8 +14,9 @@ root=$(pwd)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/eddy/target}
 cargo build --release -q --workspace --bins
 if [[ -z "${EDDY_TEST_BOOTSTRAP:-}" ]]; then
-  EDDY_TEST_BOOTSTRAP=$("$root/e2e/kafka/kafka.sh" start --name querybench)
+  broker=querybench-$$
+  trap '"$root/e2e/kafka/kafka.sh" stop --name "$broker" >/dev/null 2>&1 || true' EXIT
+  EDDY_TEST_BOOTSTRAP=$("$root/e2e/kafka/kafka.sh" start --name "$broker")
   export EDDY_TEST_BOOTSTRAP
-  trap '"$root/e2e/kafka/kafka.sh" stop --name querybench >/dev/null 2>&1 || true' EXIT
 fi
 "$CARGO_TARGET_DIR/release/query-bench" "$@"

@@ -68,6 +68,7 @@ pub fn shared_with(
         .get_or_init(|| {
             // SAFETY: registers a plain function without arguments, run once at exit.
             unsafe { libc::atexit(teardown) };
+            exit_on_signals();
             Operated::start(setup, before).map_err(|e| format!("{e:#}"))
         })
         .as_ref()
@@ -84,6 +85,36 @@ extern "C" fn teardown() {
         env.cp.stop();
         let _ = std::fs::remove_dir_all(env.dir.path());
     }
+}
+
+/// SIGINT, SIGTERM or SIGHUP ends the process through `exit`, so that [`teardown`] runs:
+/// killed outright, it would leave the control plane, the operators and the pods running.
+fn exit_on_signals() {
+    use tokio::signal::unix::{SignalKind, signal};
+    std::thread::spawn(|| {
+        let wait = async {
+            let mut int = signal(SignalKind::interrupt())?;
+            let mut term = signal(SignalKind::terminate())?;
+            let mut hup = signal(SignalKind::hangup())?;
+            Ok::<_, std::io::Error>(tokio::select! {
+                _ = int.recv() => 130,
+                _ = term.recv() => 143,
+                _ = hup.recv() => 129,
+            })
+        };
+        let code = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .and_then(|rt| rt.block_on(wait));
+        match code {
+            Ok(code) => {
+                eprintln!("signal received: stopping the control plane, operators and pods");
+                std::process::exit(code);
+            }
+            // Without handlers the signals keep their default action (no teardown).
+            Err(e) => eprintln!("cannot handle signals for the teardown: {e}"),
+        }
+    });
 }
 
 fn spawn(bin: &str, args: &[&str], envs: &[(&str, &Path)], log: &Path) -> Result<()> {
