@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Interactive queries under load (see docs/benchmarks.md, "Interactive queries"): builds eddy,
 # starts a local broker of its own ("querybench-<pid>", so that two runs never share one)
-# unless EDDY_TEST_BOOTSTRAP points at one, runs
-# query-bench with the given arguments (it starts and stops its own local control plane,
-# operator and pod runner) and stops the broker.
+# unless EDDY_TEST_BOOTSTRAP points at one, runs query-bench with the given arguments (it
+# starts and stops its own local control plane, operator and pod runner) and stops the broker.
 #
 #   bench/queries.sh [--rate GETS_PER_S (5000)] [--seconds S (20)] [--keys N (10000)]
 #                    [--input-rate R (2000)] [--backlog N (10000000)] [--json FILE] [--help]
