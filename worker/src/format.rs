@@ -177,10 +177,16 @@ fn decode_json(bytes: &[u8]) -> Result<Val, FormatError> {
     read::parse_single(bytes).map_err(|e| FormatError::Json(json_message(bytes, &e.to_string())))
 }
 
-/// True if brackets outside strings nest deeper than `max`. Cheaper than the parse it guards.
+/// True if brackets outside strings and comments nest deeper than `max`. Cheaper than the
+/// parse it guards, and must read the text as jaq's reader does: a `#` outside a string starts
+/// a comment up to the end of the line, and a quote in one would otherwise hide what follows.
 pub(crate) fn nesting_exceeds(bytes: &[u8], max: usize) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let (mut depth, mut in_string, mut escaped, mut in_comment) = (0usize, false, false, false);
     for &b in bytes {
+        if in_comment {
+            in_comment = b != b'\n';
+            continue;
+        }
         if in_string {
             if escaped {
                 escaped = false;
@@ -193,6 +199,7 @@ pub(crate) fn nesting_exceeds(bytes: &[u8], max: usize) -> bool {
         }
         match b {
             b'"' => in_string = true,
+            b'#' => in_comment = true,
             b'[' | b'{' => {
                 depth += 1;
                 if depth > max {
@@ -594,6 +601,22 @@ mod tests {
         // Brackets inside strings do not count.
         let in_string = format!(r#"["{}\"{}"]"#, "[".repeat(2000), "{".repeat(2000));
         assert!(decode(Format::Json, in_string.as_bytes()).is_ok());
+        // jaq's reader skips `#` comments to the end of the line: a quote or brackets in one
+        // must not hide the nesting around it (each of these once overflowed the stack).
+        let quote_in_comment = format!("#\"\n{}", nested(100_000));
+        let opened_per_line = "[#]\n".repeat(100_000);
+        for text in [quote_in_comment, opened_per_line] {
+            let err = dec_err(Format::Json, text.as_bytes());
+            assert_eq!(err, "not accepted as JSON: nested deeper than 256 levels");
+        }
+        let commented = format!("# {}\n[1] # ]]\n", "[".repeat(1000));
+        assert_eq!(
+            enc(
+                Format::Json,
+                &decode(Format::Json, commented.as_bytes()).unwrap()
+            ),
+            "[1]"
+        );
         // jq can build values deeper than any input; they fail to encode instead of crashing.
         let deep = jq(&format!("reduce range({}) as $i (1; [.])", MAX_DEPTH + 1));
         let err = enc_err(Format::Json, &deep);
