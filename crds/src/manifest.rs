@@ -146,6 +146,10 @@ pub const DEFAULT_LIVENESS_TIMEOUT_MS: u64 = 300_000;
 /// Shortest `livenessTimeoutMs` accepted: shorter would restart workers during ordinary pauses.
 pub const MIN_LIVENESS_TIMEOUT_MS: u64 = 10_000;
 
+/// Most worker pods an app may ask for. The operator keeps per-pod state, so an absurd count
+/// (say 2147483647) would exhaust its memory; a task per pod beyond this is not a real need.
+pub const MAX_REPLICAS: i32 = 1000;
+
 /// Checks a structural schema cannot express: step order, unique stores, legal names.
 pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
     let f = |s: String| format!("{prefix}{s}");
@@ -175,11 +179,11 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
         topics::check_name(id).map_err(|m| invalid(f("applicationId".into()), m))?;
     }
     if let Some(r) = spec.replicas
-        && r < 0
+        && !(0..=MAX_REPLICAS).contains(&r)
     {
         return Err(invalid(
             f("replicas".into()),
-            format!("must be 0 or more, got {r}"),
+            format!("must be 0 to {MAX_REPLICAS} (worker pods), got {r}"),
         ));
     }
     // More standbys than other pods is not an error: as many as fit are placed (the status
@@ -254,7 +258,7 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                 }
                 topics::check_name(&from.topic)
                     .map_err(|m| invalid(format!("{field}.from.topic"), m))?;
-                key_format = from.key;
+                key_format = from.key_format();
                 if let Some((name, _)) = spec
                     .tables
                     .iter()
@@ -268,7 +272,7 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
                         ),
                     ));
                 }
-                for (what, format) in [("key", from.key), ("value", from.value)] {
+                for (what, format) in [("key", from.key_format()), ("value", from.value_format())] {
                     not_windowed(format, &format!("{field}.from.{what}"))?;
                 }
                 if from.timestamp.as_ref().is_some_and(|e| e.trim().is_empty()) {
@@ -566,6 +570,14 @@ fn check_table_source(
             format!("{field}.from.timestamp"),
             "a table's updates keep their records' timestamps: remove timestamp",
         ));
+    }
+    for (what, given) in [("key", from.key.is_some()), ("value", from.value.is_some())] {
+        if given {
+            return Err(invalid(
+                format!("{field}.from.{what}"),
+                format!("a table's formats are its own: set tables.{name}.{what} and remove this"),
+            ));
+        }
     }
     let Some(table) = spec.tables.get(name) else {
         return Err(invalid(
@@ -1004,6 +1016,11 @@ spec:
                 "at most the window size",
             ),
             (
+                "- window: {hopping: 1d, advance: 1s, grace: 0s}\n- count: {store: c}\n",
+                "topology[1].window",
+                "a record falls into 86400 windows of 1d that start every 1s, more than 10000",
+            ),
+            (
                 "- window: {tumbling: 5m, grace: 1m, retention: 5m}\n- count: {store: c}\n",
                 "topology[1].window",
                 "less than size + grace",
@@ -1192,6 +1209,12 @@ spec:
             ),
             (
                 format!(
+                    "{t}topology:\n  - from: {{table: c, value: string}}\n  - join: {{table: a, as: '.'}}\n"
+                ),
+                "topology[0].from.value: a table's formats are its own: set tables.c.value",
+            ),
+            (
+                format!(
                     "{t}topology:\n  - from: {{table: c}}\n  - filter: '.ok'\n  - join: {{table: a, as: '.'}}\n"
                 ),
                 "topology[1].filter: after a table source",
@@ -1361,6 +1384,35 @@ spec:
             "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nspec:\n  replicas: 2\n  numStandbyReplicas: -1\n  topology: [{from: {topic: a}}]\n",
         );
         assert!(e.contains("spec.numStandbyReplicas"), "{e}");
+        for r in [-1, MAX_REPLICAS + 1, i32::MAX] {
+            let e = err(&format!(
+                "replicas: {r}\ntopology: [{{from: {{topic: a}}}}]\n"
+            ));
+            assert!(
+                e.contains("replicas") && e.contains("must be 0 to 1000"),
+                "{e}"
+            );
+        }
+        for id in [".", ".."] {
+            let e = err(&format!(
+                "applicationId: \"{id}\"\ntopology: [{{from: {{topic: a}}}}]\n"
+            ));
+            assert!(
+                e.contains("applicationId") && e.contains("state dir"),
+                "{e}"
+            );
+            let e = err(&format!(
+                "topology: [{{from: {{topic: a}}}}, {{count: {{store: \"{id}\"}}}}]\n"
+            ));
+            assert!(
+                e.contains("topology[1].count.store") && e.contains("not a name"),
+                "{e}"
+            );
+        }
+        parse_app(&format!(
+            "replicas: {MAX_REPLICAS}\ntopology: [{{from: {{topic: a}}}}]\n"
+        ))
+        .expect("the largest replicas is accepted");
         // More standbys than other pods: as many as fit, so scaling down is not refused.
         parse_app(
             "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nspec:\n  replicas: 1\n  numStandbyReplicas: 1\n  topology: [{from: {topic: a}}]\n",

@@ -234,10 +234,18 @@ pub fn crd() -> CustomResourceDefinition {
     for f in ["replicas", "numStandbyReplicas"] {
         schema["properties"][f]["minimum"] = json!(0);
     }
+    schema["properties"]["replicas"]["maximum"] = json!(crate::manifest::MAX_REPLICAS);
     let warmup = &mut schema["properties"]["warmup"]["properties"];
     warmup["maxWarmupReplicas"]["minimum"] = json!(1);
     warmup["acceptableRecoveryLag"]["minimum"] = json!(0);
     schema["properties"]["kafka"]["properties"]["properties"] = kafka_properties_schema();
+    // A table's key and value are never windowed (the manifest refuses it, with a reason).
+    let table = &mut schema["properties"]["tables"]["additionalProperties"]["properties"];
+    for f in ["key", "value"] {
+        if let Some(values) = table[f]["enum"].as_array_mut() {
+            values.retain(|v| v != "windowed");
+        }
+    }
     // Kubernetes knows int32/int64 only; schemars writes Rust's unsigned widths.
     fix_formats(schema);
     let topology = &mut schema["properties"]["topology"];

@@ -94,14 +94,28 @@ pub struct FromStep {
     /// latest value kept in the table's store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table: Option<String>,
-    #[serde(default = "default_key_format")]
-    pub key: Format,
-    #[serde(default = "default_value_format")]
-    pub value: Format,
+    /// The key's format (default `string`); a table's are set in `tables`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Format>,
+    /// The value's format (default `json`); a table's are set in `tables`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Format>,
     /// jq: the record's event time in milliseconds since the epoch, from its value (default:
     /// the Kafka record's timestamp). Windows and stream time follow it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<String>,
+}
+
+impl FromStep {
+    /// The stream's key format, `string` unless given.
+    pub fn key_format(&self) -> Format {
+        self.key.unwrap_or_else(default_key_format)
+    }
+
+    /// The stream's value format, `json` unless given.
+    pub fn value_format(&self) -> Format {
+        self.value.unwrap_or_else(default_value_format)
+    }
 }
 
 /// `groupBy: '.user'`, or `groupBy: {key: '.user', format: json, name: by-user}` to choose
@@ -353,7 +367,8 @@ pub struct WindowStep {
     /// Fixed windows of this size that start every `advance`, so a record is in several.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hopping: Option<Duration>,
-    /// How far apart hopping windows start: more than 0, at most their size.
+    /// How far apart hopping windows start: more than 0, at most their size, and at least
+    /// a 10000th of it (`MAX_HOPPING_WINDOWS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advance: Option<Duration>,
     /// Windows of this size ending at each record (Kafka Streams' `SlidingWindows`, whose
@@ -382,6 +397,10 @@ pub enum WindowKind {
     Sliding { size: Duration },
     Session { gap: Duration },
 }
+
+/// Most hopping windows a record may fall into (size / advance): every one is a store update
+/// and an output record per input record, so `{hopping: 1d, advance: 1ms}` would stall a task.
+pub const MAX_HOPPING_WINDOWS: u64 = 10_000;
 
 const KINDS: &str = "{tumbling: 5m, grace: 30s}, {hopping: 1h, advance: 5m, grace: 0s}, {sliding: 10m, grace: 1m} or {session: 30m, grace: 1m}";
 
@@ -432,6 +451,15 @@ impl WindowStep {
                     Some(advance) if advance == Duration::ZERO || advance > size => Err(format!(
                         "advance must be more than 0 and at most the window size ({size}), got {advance}"
                     )),
+                    Some(advance)
+                        if size.as_millis().div_ceil(advance.as_millis())
+                            > MAX_HOPPING_WINDOWS =>
+                    {
+                        Err(format!(
+                            "a record falls into {} windows of {size} that start every {advance}, more than {MAX_HOPPING_WINDOWS}: each is a store update per record; make advance larger",
+                            size.as_millis().div_ceil(advance.as_millis())
+                        ))
+                    }
                     Some(advance) => Ok(WindowKind::Hopping { size, advance }),
                 }
             }
@@ -621,8 +649,8 @@ pub(crate) fn schema() -> Value {
             "from": {"type": "object", "description": "Read a topic (or a table of spec.tables): one task per partition.", "properties": {
                 "topic": d(topic.clone(), "The source topic (it must exist)."),
                 "table": d(string.clone(), "A table of spec.tables, instead of topic: its updates, for a table-table join."),
-                "key": d(format.clone(), "Key format: string, json, bytes or i64 (default string)."),
-                "value": d(format.clone(), "Value format: json, string, bytes or i64 (default json)."),
+                "key": d(format.clone(), "Key format: string, json, bytes or i64 (default string); not with table (tables.<name>.key sets it)."),
+                "value": d(format.clone(), "Value format: json, string, bytes or i64 (default json); not with table (tables.<name>.value sets it)."),
                 "timestamp": d(string.clone(), "jq: the event time in ms since the epoch, from the value (default: the record's timestamp).")}},
             "filter": d(string.clone(), "jq: keep the records for which it is true (`.` is the value, $key the key, $ts the timestamp)."),
             "map": d(string.clone(), "jq: replace the value by each of its outputs."),
@@ -644,7 +672,7 @@ pub(crate) fn schema() -> Value {
             "window": {"type": "object", "description": "Make the next count, aggregate or reduce per key and time window: {tumbling: 5m, grace: 30s}, {hopping: 1h, advance: 5m, grace: 0s}, {sliding: 10m, grace: 1m} or {session: 30m, grace: 1m}.", "required": ["grace"], "properties": {
                 "tumbling": d(duration.clone(), "Size of tumbling windows."),
                 "hopping": d(duration.clone(), "Size of hopping windows."),
-                "advance": d(duration.clone(), "How far apart hopping windows start (more than 0, at most the size)."),
+                "advance": d(duration.clone(), "How far apart hopping windows start (more than 0, at most the size, and at least size / 10000)."),
                 "sliding": d(duration.clone(), "Size of sliding windows: records at most this far apart share a window (Kafka Streams' SlidingWindows time difference)."),
                 "session": d(duration.clone(), "Inactivity gap of session windows: a key's records closer than this are one session."),
                 "grace": d(duration.clone(), "How late a record may arrive and still count in its window (0s drops every late record)."),

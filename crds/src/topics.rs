@@ -38,6 +38,13 @@ pub fn check_name(name: &str) -> Result<(), String> {
             "{name:?} contains {c:?}: only ASCII letters, digits, '.', '_' and '-' are allowed"
         ));
     }
+    // Kafka refuses these too, and an app's or store's name is also a directory under the
+    // state dir: `..` would put its state outside the volume.
+    if name == "." || name == ".." {
+        return Err(format!(
+            "{name:?} is not a name: Kafka refuses \".\" and \"..\", and the state dir is named after it"
+        ));
+    }
     Ok(())
 }
 

@@ -372,7 +372,7 @@ impl Topology {
             .and_then(|n| Some((n.as_str(), spec.tables.get(n)?)));
         let (topic, mut kf, mut vf) = match source_table {
             Some((_, t)) => (t.topic.clone(), t.key, t.value),
-            None => (from.topic.clone(), from.key, from.value),
+            None => (from.topic.clone(), from.key_format(), from.value_format()),
         };
         let mut cur = SubTopology::new(
             0,

@@ -22,6 +22,7 @@ pub mod standby;
 pub mod warmup;
 
 use eddy_crds::TaskId;
+use eddy_crds::manifest::MAX_REPLICAS;
 use eddy_crds::resource::{Assignment, PodTasks, TaskRole, WorkerStatus};
 pub use health::{DownCause, Health, PodObserved};
 use std::collections::{BTreeMap, BTreeSet};
@@ -167,7 +168,8 @@ pub fn pods_to_watch(app: &str, replicas: i32, previous: Option<&Assignment>) ->
 
 /// The StatefulSet's replicas when no placement can be made this time (e.g. Kafka is
 /// unreachable): never below a pod the last assignment still gives actives, so a drain in
-/// progress does not cut a pod off with its tasks.
+/// progress does not cut a pod off with its tasks. Never above `MAX_REPLICAS`: the status
+/// the ordinals come from is writable by the app's workers, which must not scale the app.
 pub fn hold_replicas(replicas: i32, previous: Option<&Assignment>) -> i32 {
     if replicas <= 0 {
         return replicas.max(0);
@@ -178,7 +180,8 @@ pub fn hold_replicas(replicas: i32, previous: Option<&Assignment>) -> i32 {
         .filter(|(_, t)| !t.active.is_empty())
         .map(|(p, _)| i32::try_from(ordinal(p).saturating_add(1)).unwrap_or(i32::MAX))
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+        .min(MAX_REPLICAS);
     replicas.max(busy)
 }
 

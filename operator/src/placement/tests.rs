@@ -813,6 +813,16 @@ fn hold_replicas_keeps_pods_with_tasks() {
     assert_eq!(hold_replicas(1, sim.assignment.as_ref()), 3);
     assert_eq!(hold_replicas(4, sim.assignment.as_ref()), 4);
     assert_eq!(hold_replicas(0, sim.assignment.as_ref()), 0);
+    // A forged pod name in the status does not scale the app past the largest replicas.
+    let mut forged = sim.assignment.clone().expect("settled");
+    let tasks = forged
+        .pods
+        .values()
+        .find(|t| !t.active.is_empty())
+        .cloned()
+        .expect("a pod");
+    forged.pods.insert("app-2147483646".into(), tasks);
+    assert_eq!(hold_replicas(1, Some(&forged)), MAX_REPLICAS);
 }
 
 #[test]
