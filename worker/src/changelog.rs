@@ -80,6 +80,10 @@ pub struct TopicLimits {
     /// A compression codec is set: batches are checked compressed, so sizes cannot be
     /// checked before sending.
     pub compressed: bool,
+    /// With `message.timestamp.type=CreateTime`, how far before and after the broker's
+    /// clock a record's timestamp may be, in ms (`message.timestamp.before.max.ms` and
+    /// `.after.max.ms`; Kafka 4 rejects records more than an hour ahead by default).
+    pub timestamp_bounds: Option<(i64, i64)>,
 }
 
 /// Bytes a record adds to a batch besides its key, value and headers (varint lengths,
@@ -123,6 +127,28 @@ pub struct Topics {
 }
 
 impl Topics {
+    /// Whether every topic written takes a record with this timestamp at `now_ms` (epoch
+    /// ms): a time from a `timestamp` step that one of them refuses would stop the task at
+    /// send, after its stores changed, so the step refuses the record instead.
+    pub fn check_timestamp(&self, timestamp: i64, now_ms: i64) -> Result<(), String> {
+        for (topic, l) in &self.limits {
+            let Some((before, after)) = l.timestamp_bounds else {
+                continue;
+            };
+            if timestamp > now_ms.saturating_add(after) {
+                return Err(format!(
+                    "timestamp {timestamp} is more than {after} ms ahead of now ({now_ms}): {topic} refuses it (message.timestamp.after.max.ms); correct the timestamp or raise the topic's setting"
+                ));
+            }
+            if timestamp < now_ms.saturating_sub(before) {
+                return Err(format!(
+                    "timestamp {timestamp} is more than {before} ms before now ({now_ms}): {topic} refuses it (message.timestamp.before.max.ms); correct the timestamp or raise the topic's setting"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The smallest `max.message.bytes` of the topics written, if a batch must stay below
     /// the producer's default batch size (1 MB) to fit it.
     pub fn batch_bytes(&self) -> Option<usize> {
@@ -334,6 +360,15 @@ pub fn limits(
                 compacted: get("cleanup.policy").is_some_and(|p| p.contains("compact")),
                 compressed: producer_compresses
                     || !matches!(compression.as_str(), "" | "producer" | "uncompressed"),
+                timestamp_bounds: (get("message.timestamp.type").as_deref()
+                    != Some("LogAppendTime"))
+                .then(|| {
+                    let ms = |k: &str| get(k).and_then(|v| v.parse::<i64>().ok());
+                    (
+                        ms("message.timestamp.before.max.ms").unwrap_or(i64::MAX),
+                        ms("message.timestamp.after.max.ms").unwrap_or(i64::MAX),
+                    )
+                }),
             },
         );
     }
@@ -380,4 +415,48 @@ fn create(cfg: &WorkerConfig, topics: &[&InternalTopic], rf: i32) -> Result<(), 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(timestamp_bounds: Option<(i64, i64)>) -> TopicLimits {
+        TopicLimits {
+            max_message_bytes: 1_048_588,
+            compacted: false,
+            compressed: false,
+            timestamp_bounds,
+        }
+    }
+
+    #[test]
+    fn a_time_a_written_topic_refuses_is_named_with_its_setting() {
+        let now = 1_800_000_000_000;
+        let mut topics = Topics::default();
+        topics
+            .limits
+            .insert("out".into(), limits(Some((i64::MAX, 3_600_000))));
+        topics.limits.insert("appended".into(), limits(None));
+        assert_eq!(topics.check_timestamp(now + 3_600_000, now), Ok(()));
+        assert_eq!(topics.check_timestamp(0, now), Ok(()));
+        let e = topics.check_timestamp(now + 3_600_001, now).unwrap_err();
+        assert!(
+            e.contains("out refuses it (message.timestamp.after.max.ms)"),
+            "{e}"
+        );
+        topics
+            .limits
+            .insert("recent".into(), limits(Some((86_400_000, i64::MAX))));
+        let e = topics.check_timestamp(now - 86_400_001, now).unwrap_err();
+        assert!(
+            e.contains("recent refuses it (message.timestamp.before.max.ms)"),
+            "{e}"
+        );
+        assert_eq!(
+            topics.check_timestamp(i64::MAX, i64::MAX),
+            Ok(()),
+            "no overflow"
+        );
+    }
 }

@@ -214,6 +214,13 @@ impl Sink for Collector {
     fn partition_of(&self, topic: &str, key: &[u8]) -> Result<Option<i32>, ProcessError> {
         self.partition(topic, Some(key)).map(Some)
     }
+
+    fn check_timestamp(&self, timestamp: i64) -> Result<(), String> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.topics.check_timestamp(timestamp, now)
+    }
 }
 
 /// Headers saying why a record went to the dead-letter topic.

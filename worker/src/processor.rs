@@ -87,6 +87,12 @@ pub trait Sink {
     fn partition_of(&self, _topic: &str, _key: &[u8]) -> Result<Option<i32>, ProcessError> {
         Ok(None)
     }
+
+    /// Whether the topics this sink writes take a record with this timestamp (epoch ms); a
+    /// reason if not.
+    fn check_timestamp(&self, _timestamp: i64) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// What a processor can do while it handles one record.
@@ -123,6 +129,12 @@ impl<'a> Context<'a> {
         timestamp: i64,
     ) -> Result<(), ProcessError> {
         self.sink.send(topic, None, key, value, timestamp)
+    }
+
+    /// Whether every topic the task writes takes a record with this timestamp: a reason if
+    /// one would refuse it (Kafka checks a record's time against its clock).
+    pub fn check_timestamp(&self, timestamp: i64) -> Result<(), String> {
+        self.sink.check_timestamp(timestamp)
     }
 
     /// Write a record to the partition of `partition_key` rather than of its own key: a

@@ -956,6 +956,51 @@ mod tests {
             Err(ProcessError::BadRecord(m)) => assert!(m.contains("expected milliseconds"), "{m}"),
             other => panic!("{other:?}"),
         }
+        // A time before 1970, or one a written topic refuses, is a bad record too (the
+        // producer would stamp the first with the send time; the broker refuses the second).
+        struct Refusing;
+        impl crate::processor::Sink for Refusing {
+            fn send(
+                &mut self,
+                _: &str,
+                _: Option<i32>,
+                _: Option<&[u8]>,
+                _: Option<&[u8]>,
+                _: i64,
+            ) -> Result<(), ProcessError> {
+                Ok(())
+            }
+            fn check_timestamp(&self, t: i64) -> Result<(), String> {
+                if t > 20_000 {
+                    Err("out refuses it".into())
+                } else {
+                    Ok(())
+                }
+            }
+        }
+        for (at, why) in [("-5", "before 1970"), ("99999", "out refuses it")] {
+            let r = Record::new(
+                None,
+                Some(Data::raw(
+                    format!(r#"{{"at": {at}}}"#).as_bytes(),
+                    Format::Json,
+                )),
+                1,
+            );
+            let mut ctx = Context {
+                stores: &mut [],
+                db: None,
+                global: None,
+                sink: &mut Refusing,
+                out: &mut out,
+                topic: None,
+            };
+            match ts.process(r, &mut ctx) {
+                Err(ProcessError::BadRecord(m)) => assert!(m.contains(why), "{m}"),
+                other => panic!("{at}: {other:?}"),
+            }
+        }
+        assert_eq!(out.len(), 1, "a refused time forwards nothing");
         // Sub-topology 1: the windowed count.
         let sub = &t.subtopologies[1];
         let def = &sub.stores[0];

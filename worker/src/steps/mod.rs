@@ -365,12 +365,27 @@ pub struct Timestamp(pub Expr);
 impl Processor for Timestamp {
     fn process(&mut self, mut r: Record, ctx: &mut Context<'_>) -> Result<(), ProcessError> {
         let v = one(&self.0, &r.value, &vars(&r)?)?;
-        r.timestamp = as_i64(&v).ok_or_else(|| {
+        let bad = |why: String| {
             ProcessError::BadRecord(format!(
-                "timestamp expression {:?} gave {v}: expected milliseconds since the epoch (an integer)",
+                "timestamp expression {:?} gave {why}",
                 self.0.source()
             ))
+        };
+        let t = as_i64(&v).ok_or_else(|| {
+            bad(format!(
+                "{v}: expected milliseconds since the epoch (an integer)"
+            ))
         })?;
+        // Kafka has no time before the epoch (a producer would stamp the send time instead),
+        // and one a written topic refuses would stop the task after its stores changed.
+        if t < 0 {
+            return Err(bad(format!(
+                "{t}: a time before 1970 (negative milliseconds)"
+            )));
+        }
+        ctx.check_timestamp(t)
+            .map_err(|e| bad(format!("{t}, which is refused: {e}")))?;
+        r.timestamp = t;
         ctx.forward(r);
         Ok(())
     }

@@ -177,7 +177,10 @@ impl Processor for StreamStreamJoin {
         let this = usize::from(ctx.topic() == Some(self.right_topic.as_str()));
         let other = 1 - this;
         let ts = r.timestamp;
-        let (from, to) = ((ts - self.within).max(0), (ts + self.within).max(0));
+        let (from, to) = (
+            ts.saturating_sub(self.within).max(0),
+            ts.saturating_add(self.within).max(0),
+        );
         self.stream_time = self.stream_time.max(ts);
         let Some(value) = &r.value else {
             return Err(ProcessError::Skip(

@@ -407,8 +407,9 @@ impl Task {
                 }
             };
             let due = next.unwrap_or(time);
-            let skipped = (time - due) / interval;
-            self.punctuators[n].2 = Some(due + (skipped + 1) * interval);
+            let skipped = time.saturating_sub(due) / interval;
+            let next_due = skipped.saturating_add(1).saturating_mul(interval);
+            self.punctuators[n].2 = Some(due.saturating_add(next_due));
             let mut out = Vec::new();
             let mut ctx = Context {
                 stores: &mut self.stores,
