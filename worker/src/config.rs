@@ -152,7 +152,7 @@ impl WorkerConfig {
                 source,
             }
         })?;
-        let security = security_properties(&o.kafka_security);
+        let security = kafka_security(&spec, &o.kafka_security)?;
         Ok(Self {
             security,
             resource_name,
@@ -213,6 +213,57 @@ impl WorkerConfig {
             .join(&self.application_id)
             .join(task.to_string())
     }
+}
+
+/// The librdkafka settings `spec.kafka.tls` and `spec.kafka.sasl` ask for: what came as
+/// `EDDY_KAFKA_*` (the operator passes each), else what the spec holds itself (the protocol,
+/// the mechanism, a written username). A Secret it names is read by the operator only: run
+/// standalone without its variable, the worker refuses to start rather than connect without
+/// TLS or credentials.
+fn kafka_security(
+    spec: &AppSpec,
+    given: &[(String, String)],
+) -> Result<std::collections::BTreeMap<String, String>, ConfigError> {
+    use eddy_crds::security::{Source, client_security};
+    let mut all = given.to_vec();
+    let wanted = client_security(&spec.kafka);
+    let missing: Vec<(&'static str, String)> = wanted
+        .settings
+        .iter()
+        .map(|(s, v)| (s.env(), v.to_string()))
+        .chain(
+            wanted
+                .credentials
+                .iter()
+                .filter_map(|(c, source)| match source {
+                    Source::Value(v) => Some((c.env(), v.to_string())),
+                    Source::Secret(_) => None,
+                }),
+        )
+        .filter(|(env, _)| !given.iter().any(|(n, _)| n == env))
+        .collect();
+    for (c, source) in &wanted.credentials {
+        if let Source::Secret(r) = source
+            && !given.iter().any(|(n, _)| n == c.env())
+        {
+            let what = if c.file().is_some() {
+                "the path of a file holding it"
+            } else {
+                "its value"
+            };
+            return Err(ConfigError::Invalid {
+                field: c.field(),
+                message: format!(
+                    "names key {:?} of Secret {:?}, which only the operator reads: run without it, set {} to {what}",
+                    r.key,
+                    r.name,
+                    c.env()
+                ),
+            });
+        }
+    }
+    all.extend(missing.into_iter().map(|(k, v)| (k.to_string(), v)));
+    Ok(security_properties(&all))
 }
 
 /// librdkafka settings for TLS and SASL given as `EDDY_KAFKA_*` values (the mapping is
@@ -278,6 +329,63 @@ mod tests {
             "ssl"
         );
         assert!(security_properties(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_spec_s_tls_and_sasl_are_applied_or_refused_without_their_secrets() {
+        let spec = |kafka: &str| {
+            parse_app(&format!(
+                "topology: [{{from: {{topic: a}}}}]\nkafka:\n  bootstrapServers: k:9093\n{kafka}"
+            ))
+            .expect("valid")
+            .spec
+        };
+        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        // `tls: {}` (the system's CAs) and a written username need nothing from outside.
+        let p = kafka_security(&spec("  tls: {}\n"), &[]).expect("no Secret named");
+        assert_eq!(p["security.protocol"], "ssl");
+        let sasl = "  sasl: {mechanism: PLAIN, username: u, password: {name: c, key: p}}\n";
+        let e = kafka_security(&spec(sasl), &[]).expect_err("the password is in a Secret");
+        assert_eq!(
+            e.to_string(),
+            "kafka.sasl.password: names key \"p\" of Secret \"c\", which only the operator reads: run without it, set EDDY_KAFKA_SASL_PASSWORD to its value"
+        );
+        let p = kafka_security(&spec(sasl), &env(&[("EDDY_KAFKA_SASL_PASSWORD", "pw")]))
+            .expect("given");
+        assert_eq!(p["security.protocol"], "sasl_plaintext");
+        assert_eq!(p["sasl.mechanisms"], "PLAIN");
+        assert_eq!(
+            (p["sasl.username"].as_str(), p["sasl.password"].as_str()),
+            ("u", "pw")
+        );
+        let ca = "  tls: {ca: {name: certs, key: ca.crt}}\n";
+        let e = kafka_security(&spec(ca), &[]).expect_err("the CA is in a Secret");
+        assert!(
+            e.to_string()
+                .contains("set EDDY_KAFKA_CA_FILE to the path of a file holding it"),
+            "{e}"
+        );
+        // What the operator passes wins.
+        let p = kafka_security(
+            &spec(ca),
+            &env(&[
+                ("EDDY_KAFKA_CA_FILE", "/ca"),
+                ("EDDY_KAFKA_SECURITY_PROTOCOL", "ssl"),
+            ]),
+        )
+        .expect("given");
+        assert_eq!(
+            (
+                p["ssl.ca.location"].as_str(),
+                p["security.protocol"].as_str()
+            ),
+            ("/ca", "ssl")
+        );
     }
 
     #[test]
