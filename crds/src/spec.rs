@@ -81,13 +81,15 @@ pub struct AppSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transaction_timeout_ms: Option<u64>,
     /// Standby replicas per stateful task (default 0): copies of its stores kept up to date
-    /// on other pods, where the task fails over to without a full restore.
+    /// on other pods, where the task fails over to without a full restore. Operator only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_standby_replicas: Option<i32>,
     /// How tasks move to a pod that lacks their state (scale-out, scale-in, rebalancing).
+    /// Operator only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmup: Option<WarmupSpec>,
-    /// The state volume of each worker pod (a PersistentVolumeClaim per pod).
+    /// The state volume of each worker pod (a PersistentVolumeClaim per pod). Operator only:
+    /// a standalone worker uses `--state-dir`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<StorageSpec>,
     /// Memory for state per process: RocksDB block cache and memtables plus the record cache.
@@ -107,19 +109,21 @@ pub struct AppSpec {
     /// `expressionTimeoutMs`; at least 10000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub liveness_timeout_ms: Option<u64>,
-    /// CPU and memory of each worker container.
+    /// CPU and memory of each worker container. Operator only (the worker's own state memory
+    /// is `memory`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
     /// Merged into the worker pods' template like a strategic merge patch: `containers` and
     /// `initContainers` merge by `name` (the `worker` container keeps its own settings and
     /// gains what you add; env merges by `name`, volumeMounts by `mountPath`, ports by
     /// `containerPort`; other containers, e.g. sidecars, are added), `volumes` merge by
-    /// `name`, maps merge recursively (`null` removes a key), other lists replace.
+    /// `name`, maps merge recursively (`null` removes a key), other lists replace. Operator
+    /// only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "open_object")]
     pub pod_template: Option<serde_json::Value>,
     /// What happens to the app's internal topics (changelogs, repartition, dead letters)
-    /// when the resource is deleted.
+    /// when the resource is deleted. Operator only.
     #[serde(default)]
     pub cleanup_policy: CleanupPolicy,
     /// The workers' query API (interactive queries): read the app's stores over HTTP.
