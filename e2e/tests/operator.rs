@@ -36,13 +36,32 @@ spec:
     )
 }
 
-/// The binary's control plane with two operator replicas (one leads). The malformed app is
-/// there before the operators start: they list it with all others.
+/// An app whose pod template is nested 200 levels deep: the API server stores it (the field
+/// is open), but JSON that deep is more than serde_json reads, and once made the operators'
+/// list of all apps fail.
+fn deep_app(bs: &str) -> String {
+    let template = (0..200).fold("x".to_string(), |v, _| format!("{{a: {v}}}"));
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: deep}}
+spec:
+  kafka: {{bootstrapServers: "{bs}"}}
+  podTemplate: {template}
+  topology:
+    - from: {{topic: never-created}}
+"#
+    )
+}
+
+/// The binary's control plane with two operator replicas (one leads). The malformed apps
+/// are there before the operators start: they list them with all others.
 fn env() -> Result<&'static Operated> {
     eddy_e2e::operated::shared(2, |cp, bs| {
         let ns = unique("malformed");
         cp.kubectl(&["create", "namespace", &ns], None)?;
         cp.kubectl(&["-n", &ns, "apply", "-f", "-"], Some(&malformed_app(bs)))?;
+        cp.kubectl(&["-n", &ns, "apply", "-f", "-"], Some(&deep_app(bs)))?;
         let _ = MALFORMED.set(ns);
         Ok(())
     })
@@ -433,6 +452,11 @@ fn a_malformed_app_marks_only_itself_and_stays_deletable() -> Result<()> {
             .is_empty(),
         "an unreadable app gets no workers"
     );
+    let message = env.wait_degraded(bad_ns, "deep", "InvalidSpec")?;
+    ensure!(
+        message.contains("spec.podTemplate is nested more than 128 levels"),
+        "{message}"
+    );
 
     // Another app, created and scaled while the malformed one exists, is reconciled.
     env.apply(good_ns, &app_yaml("good", 0, &env.bs, &input, &output, ""))?;
@@ -457,6 +481,19 @@ fn a_malformed_app_marks_only_itself_and_stays_deletable() -> Result<()> {
             "delete",
             "ssapp",
             "bad",
+            "--wait=true",
+            "--timeout=60s",
+        ],
+        None,
+    )
+    .with_context(|| env.logs())?;
+    env.kubectl(
+        &[
+            "-n",
+            bad_ns,
+            "delete",
+            "ssapp",
+            "deep",
             "--wait=true",
             "--timeout=60s",
         ],
