@@ -76,6 +76,37 @@ pub struct WorkerConfig {
     pub security: std::collections::BTreeMap<String, String>,
 }
 
+impl WorkerConfig {
+    /// Whether every credential `spec.kafka.tls` and `spec.kafka.sasl` keep in a Secret came
+    /// as its `EDDY_KAFKA_*` variable. The operator passes each; run by hand without one,
+    /// the worker must not connect without TLS or credentials, so it refuses to start.
+    pub fn check_credentials(&self) -> Result<(), ConfigError> {
+        use eddy_crds::security::{Source, client_security};
+        for (c, source) in client_security(&self.spec.kafka).credentials {
+            let property = c.file().map_or(c.property(), |f| f.property);
+            if let Source::Secret(r) = source
+                && !self.security.contains_key(property)
+            {
+                let what = if c.file().is_some() {
+                    "the path of a file holding it"
+                } else {
+                    "its value"
+                };
+                return Err(ConfigError::Invalid {
+                    field: c.field(),
+                    message: format!(
+                        "names key {:?} of Secret {:?}, which only the operator reads: run without it, set {} to {what}",
+                        r.key,
+                        r.name,
+                        c.env()
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Default state memory per process.
 pub const DEFAULT_MEMORY_BUDGET: usize = 256 << 20;
 
@@ -152,7 +183,7 @@ impl WorkerConfig {
                 source,
             }
         })?;
-        let security = kafka_security(&spec, &o.kafka_security)?;
+        let security = kafka_security(&spec, &o.kafka_security);
         Ok(Self {
             security,
             resource_name,
@@ -217,17 +248,15 @@ impl WorkerConfig {
 
 /// The librdkafka settings `spec.kafka.tls` and `spec.kafka.sasl` ask for: what came as
 /// `EDDY_KAFKA_*` (the operator passes each), else what the spec holds itself (the protocol,
-/// the mechanism, a written username). A Secret it names is read by the operator only: run
-/// standalone without its variable, the worker refuses to start rather than connect without
-/// TLS or credentials.
+/// the mechanism, a written username). A credential kept in a Secret comes only as its
+/// variable: [`WorkerConfig::check_credentials`] says if one is missing.
 fn kafka_security(
     spec: &AppSpec,
     given: &[(String, String)],
-) -> Result<std::collections::BTreeMap<String, String>, ConfigError> {
+) -> std::collections::BTreeMap<String, String> {
     use eddy_crds::security::{Source, client_security};
-    let mut all = given.to_vec();
     let wanted = client_security(&spec.kafka);
-    let missing: Vec<(&'static str, String)> = wanted
+    let from_spec = wanted
         .settings
         .iter()
         .map(|(s, v)| (s.env(), v.to_string()))
@@ -241,29 +270,9 @@ fn kafka_security(
                 }),
         )
         .filter(|(env, _)| !given.iter().any(|(n, _)| n == env))
-        .collect();
-    for (c, source) in &wanted.credentials {
-        if let Source::Secret(r) = source
-            && !given.iter().any(|(n, _)| n == c.env())
-        {
-            let what = if c.file().is_some() {
-                "the path of a file holding it"
-            } else {
-                "its value"
-            };
-            return Err(ConfigError::Invalid {
-                field: c.field(),
-                message: format!(
-                    "names key {:?} of Secret {:?}, which only the operator reads: run without it, set {} to {what}",
-                    r.key,
-                    r.name,
-                    c.env()
-                ),
-            });
-        }
-    }
-    all.extend(missing.into_iter().map(|(k, v)| (k.to_string(), v)));
-    Ok(security_properties(&all))
+        .map(|(k, v)| (k.to_string(), v));
+    let all: Vec<(String, String)> = given.iter().cloned().chain(from_spec).collect();
+    security_properties(&all)
 }
 
 /// librdkafka settings for TLS and SASL given as `EDDY_KAFKA_*` values (the mapping is
@@ -333,30 +342,35 @@ mod tests {
 
     #[test]
     fn the_spec_s_tls_and_sasl_are_applied_or_refused_without_their_secrets() {
-        let spec = |kafka: &str| {
-            parse_app(&format!(
-                "topology: [{{from: {{topic: a}}}}]\nkafka:\n  bootstrapServers: k:9093\n{kafka}"
-            ))
-            .expect("valid")
-            .spec
-        };
-        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
+        let config = |kafka: &str, given: &[(&str, &str)]| {
+            let text = format!(
+                "applicationId: a\ntopology: [{{from: {{topic: a}}}}]\nkafka:\n  bootstrapServers: k:9093\n{kafka}"
+            );
+            let o = Overrides {
+                kafka_security: given
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            };
+            WorkerConfig::from_text(&text, Path::new("app.yaml"), o).expect("valid")
         };
         // `tls: {}` (the system's CAs) and a written username need nothing from outside.
-        let p = kafka_security(&spec("  tls: {}\n"), &[]).expect("no Secret named");
-        assert_eq!(p["security.protocol"], "ssl");
+        let c = config("  tls: {}\n", &[]);
+        assert_eq!(c.security["security.protocol"], "ssl");
+        c.check_credentials().expect("no Secret named");
+        // A Secret's value: `check` and the query CLI read the file without it, `run` refuses.
         let sasl = "  sasl: {mechanism: PLAIN, username: u, password: {name: c, key: p}}\n";
-        let e = kafka_security(&spec(sasl), &[]).expect_err("the password is in a Secret");
+        let e = config(sasl, &[])
+            .check_credentials()
+            .expect_err("the password is in a Secret");
         assert_eq!(
             e.to_string(),
             "kafka.sasl.password: names key \"p\" of Secret \"c\", which only the operator reads: run without it, set EDDY_KAFKA_SASL_PASSWORD to its value"
         );
-        let p = kafka_security(&spec(sasl), &env(&[("EDDY_KAFKA_SASL_PASSWORD", "pw")]))
-            .expect("given");
+        let c = config(sasl, &[("EDDY_KAFKA_SASL_PASSWORD", "pw")]);
+        c.check_credentials().expect("given");
+        let p = &c.security;
         assert_eq!(p["security.protocol"], "sasl_plaintext");
         assert_eq!(p["sasl.mechanisms"], "PLAIN");
         assert_eq!(
@@ -364,25 +378,27 @@ mod tests {
             ("u", "pw")
         );
         let ca = "  tls: {ca: {name: certs, key: ca.crt}}\n";
-        let e = kafka_security(&spec(ca), &[]).expect_err("the CA is in a Secret");
+        let e = config(ca, &[])
+            .check_credentials()
+            .expect_err("the CA is in a Secret");
         assert!(
             e.to_string()
                 .contains("set EDDY_KAFKA_CA_FILE to the path of a file holding it"),
             "{e}"
         );
         // What the operator passes wins.
-        let p = kafka_security(
-            &spec(ca),
-            &env(&[
+        let c = config(
+            ca,
+            &[
                 ("EDDY_KAFKA_CA_FILE", "/ca"),
                 ("EDDY_KAFKA_SECURITY_PROTOCOL", "ssl"),
-            ]),
-        )
-        .expect("given");
+            ],
+        );
+        c.check_credentials().expect("given");
         assert_eq!(
             (
-                p["ssl.ca.location"].as_str(),
-                p["security.protocol"].as_str()
+                c.security["ssl.ca.location"].as_str(),
+                c.security["security.protocol"].as_str()
             ),
             ("/ca", "ssl")
         );

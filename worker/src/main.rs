@@ -383,6 +383,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
             instance_id: a.instance_id,
         },
     )?;
+    cfg.check_credentials()?;
     let metrics = Arc::new(Metrics::new());
     metrics.set_memory_source("jemalloc", Arc::new(JemallocUse));
     // Under the operator (EDDY_ASSIGNMENT=operator, set in the pod template) the worker runs
