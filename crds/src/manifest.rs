@@ -571,14 +571,6 @@ fn check_table_source(
             "a table's updates keep their records' timestamps: remove timestamp",
         ));
     }
-    for (what, given) in [("key", from.key.is_some()), ("value", from.value.is_some())] {
-        if given {
-            return Err(invalid(
-                format!("{field}.from.{what}"),
-                format!("a table's formats are its own: set tables.{name}.{what} and remove this"),
-            ));
-        }
-    }
     let Some(table) = spec.tables.get(name) else {
         return Err(invalid(
             format!("{field}.from.table"),
@@ -587,6 +579,35 @@ fn check_table_source(
             ),
         ));
     };
+    // The default is let through: apps and ConfigMaps written before this was checked
+    // carry `key: string, value: json` whatever the table's formats.
+    for (what, given, own, default) in [
+        (
+            "key",
+            from.key,
+            table.key,
+            crate::step::default_key_format(),
+        ),
+        (
+            "value",
+            from.value,
+            table.value,
+            crate::step::default_value_format(),
+        ),
+    ] {
+        if let Some(g) = given
+            && g != own
+            && g != default
+        {
+            return Err(invalid(
+                format!("{field}.from.{what}"),
+                format!(
+                    "a table's formats are its own (tables.{name}.{what} is {}): set tables.{name}.{what} and remove this",
+                    format_name(own)
+                ),
+            ));
+        }
+    }
     if table.global {
         return Err(invalid(
             format!("{field}.from.table"),
@@ -1182,6 +1203,13 @@ spec:
             .map(|d| d.name.to_string())
             .collect();
         assert_eq!(names, ["ca"]);
+        // What earlier versions wrote out (the default formats beside any table's) still reads,
+        // and writes out the same way.
+        let written = "tables:\n  c: {topic: c, key: i64, value: bytes}\n  a: {topic: a, key: i64}\ntopology:\n  - from: {table: c, key: string, value: json}\n  - join: {table: a, as: '.'}\n";
+        let app = parse_app(written).expect("the defaults are let through");
+        let again = serde_json::to_value(&app.spec.topology[0]).expect("serializes");
+        assert_eq!(again["from"]["key"], "string");
+        assert_eq!(again["from"]["value"], "json");
         let cases = [
             (
                 format!(
@@ -1211,7 +1239,7 @@ spec:
                 format!(
                     "{t}topology:\n  - from: {{table: c, value: string}}\n  - join: {{table: a, as: '.'}}\n"
                 ),
-                "topology[0].from.value: a table's formats are its own: set tables.c.value",
+                "topology[0].from.value: a table's formats are its own (tables.c.value is json): set tables.c.value",
             ),
             (
                 format!(

@@ -94,16 +94,26 @@ pub struct FromStep {
     /// latest value kept in the table's store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table: Option<String>,
-    /// The key's format (default `string`); a table's are set in `tables`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The key's format (default `string`); a table's are set in `tables`. Written out with
+    /// its default, as before it was optional: the operator's ConfigMaps and the pods' spec
+    /// hash stay what they were.
+    #[serde(default, serialize_with = "key_or_default")]
     pub key: Option<Format>,
     /// The value's format (default `json`); a table's are set in `tables`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, serialize_with = "value_or_default")]
     pub value: Option<Format>,
     /// jq: the record's event time in milliseconds since the epoch, from its value (default:
     /// the Kafka record's timestamp). Windows and stream time follow it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<String>,
+}
+
+fn key_or_default<S: serde::Serializer>(f: &Option<Format>, s: S) -> Result<S::Ok, S::Error> {
+    f.unwrap_or_else(default_key_format).serialize(s)
+}
+
+fn value_or_default<S: serde::Serializer>(f: &Option<Format>, s: S) -> Result<S::Ok, S::Error> {
+    f.unwrap_or_else(default_value_format).serialize(s)
 }
 
 impl FromStep {
