@@ -169,7 +169,8 @@ pub fn pods_to_watch(app: &str, replicas: i32, previous: Option<&Assignment>) ->
 /// The StatefulSet's replicas when no placement can be made this time (e.g. Kafka is
 /// unreachable): never below a pod the last assignment still gives actives, so a drain in
 /// progress does not cut a pod off with its tasks. Never above `MAX_REPLICAS`: the status
-/// the ordinals come from is writable by the app's workers, which must not scale the app.
+/// the ordinals come from is writable by the app's workers, and a forged pod name must not
+/// scale the app past what any app may ask for.
 pub fn hold_replicas(replicas: i32, previous: Option<&Assignment>) -> i32 {
     if replicas <= 0 {
         return replicas.max(0);
