@@ -216,10 +216,8 @@ impl Sink for Collector {
     }
 
     fn check_timestamp(&self, timestamp: i64) -> Result<(), String> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        self.topics.check_timestamp(timestamp, now)
+        self.topics
+            .check_timestamp(timestamp, crate::record::now_ms())
     }
 }
 

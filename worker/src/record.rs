@@ -7,6 +7,13 @@ use eddy_crds::Format;
 use std::borrow::Cow;
 use std::cell::OnceCell;
 
+/// The wall clock in the unit of record timestamps: milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// A key or a value: raw bytes in a known format, or a value computed by a jq step.
 #[derive(Clone, Debug)]
 pub enum Data {

@@ -663,9 +663,7 @@ impl Manager<'_> {
             // A sum of counters, once per poll: the gauge follows the caches between commits.
             self.metrics
                 .set_record_cache_bytes(self.tasks.iter().map(Task::cache_bytes).sum());
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64);
+            let now = crate::record::now_ms();
             for t in self
                 .tasks
                 .iter_mut()

@@ -847,32 +847,49 @@ mod tests {
         assert_eq!(b.sinks[0].topic, "out");
     }
 
+    /// A sink that drops what it is sent and refuses times after `refuse_after`, as a topic
+    /// with `message.timestamp.after.max.ms` would.
+    struct NoSink {
+        refuse_after: i64,
+    }
+    impl crate::processor::Sink for NoSink {
+        fn send(
+            &mut self,
+            _: &str,
+            _: Option<i32>,
+            _: Option<&[u8]>,
+            _: Option<&[u8]>,
+            _: i64,
+        ) -> Result<(), crate::processor::ProcessError> {
+            Ok(())
+        }
+        fn check_timestamp(&self, t: i64) -> Result<(), String> {
+            if t > self.refuse_after {
+                Err("out refuses it".into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
     /// `expressionTimeoutMs` reaches the expressions: a record that loops fails after it,
     /// as a bad record.
     #[test]
     fn expressions_get_the_time_budget_of_the_spec() {
-        use crate::processor::{Context, ProcessError, Sink};
+        use crate::processor::{Context, ProcessError};
         use crate::record::Record;
-        struct NoSink;
-        impl Sink for NoSink {
-            fn send(
-                &mut self,
-                _: &str,
-                _: Option<i32>,
-                _: Option<&[u8]>,
-                _: Option<&[u8]>,
-                _: i64,
-            ) -> Result<(), ProcessError> {
-                Ok(())
-            }
-        }
         let app = eddy_crds::parse_app(
             "expressionTimeoutMs: 50\ntopology:\n- from: {topic: a, value: json}\n- filter: '.step as $s | .n | until(. > 10; . + $s)'\n",
         )
         .expect("valid");
         let t = Topology::from_spec("x", &app.spec).expect("compiles");
         let mut filter = (t.subtopologies[0].processors[0].supplier)();
-        let (mut sink, mut out) = (NoSink, Vec::new());
+        let (mut sink, mut out) = (
+            NoSink {
+                refuse_after: i64::MAX,
+            },
+            Vec::new(),
+        );
         let mut ctx = Context {
             stores: &mut [],
             db: None,
@@ -958,26 +975,6 @@ mod tests {
         }
         // A time before 1970, or one a written topic refuses, is a bad record too (the
         // producer would stamp the first with the send time; the broker refuses the second).
-        struct Refusing;
-        impl crate::processor::Sink for Refusing {
-            fn send(
-                &mut self,
-                _: &str,
-                _: Option<i32>,
-                _: Option<&[u8]>,
-                _: Option<&[u8]>,
-                _: i64,
-            ) -> Result<(), ProcessError> {
-                Ok(())
-            }
-            fn check_timestamp(&self, t: i64) -> Result<(), String> {
-                if t > 20_000 {
-                    Err("out refuses it".into())
-                } else {
-                    Ok(())
-                }
-            }
-        }
         for (at, why) in [("-5", "before 1970"), ("99999", "out refuses it")] {
             let r = Record::new(
                 None,
@@ -991,7 +988,9 @@ mod tests {
                 stores: &mut [],
                 db: None,
                 global: None,
-                sink: &mut Refusing,
+                sink: &mut NoSink {
+                    refuse_after: 20_000,
+                },
                 out: &mut out,
                 topic: None,
             };
