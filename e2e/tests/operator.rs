@@ -473,33 +473,22 @@ fn a_malformed_app_marks_only_itself_and_stays_deletable() -> Result<()> {
     })
     .with_context(|| env.logs())?;
 
-    // The malformed app can be deleted: its finalizer goes whatever its spec says.
-    env.kubectl(
-        &[
-            "-n",
-            bad_ns,
-            "delete",
-            "ssapp",
-            "bad",
-            "--wait=true",
-            "--timeout=60s",
-        ],
-        None,
-    )
-    .with_context(|| env.logs())?;
-    env.kubectl(
-        &[
-            "-n",
-            bad_ns,
-            "delete",
-            "ssapp",
-            "deep",
-            "--wait=true",
-            "--timeout=60s",
-        ],
-        None,
-    )
-    .with_context(|| env.logs())?;
+    // The malformed apps can be deleted: the finalizer goes whatever the spec says.
+    for app in ["bad", "deep"] {
+        env.kubectl(
+            &[
+                "-n",
+                bad_ns,
+                "delete",
+                "ssapp",
+                app,
+                "--wait=true",
+                "--timeout=60s",
+            ],
+            None,
+        )
+        .with_context(|| env.logs())?;
+    }
     env.kubectl(&["delete", "namespace", bad_ns, "--wait=false"], None)?;
     env.delete_apps(good_ns)?;
     Ok(())

@@ -24,7 +24,8 @@ pub struct RawApp {
     pub spec: serde_json::Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,
-    /// Top-level spec fields too deeply nested to read: left out of `spec`, named by `parse`.
+    /// Paths of the spec's parts too deeply nested to read (`spec.podTemplate`, or `spec`
+    /// itself): left out of `spec`, named by `parse`.
     #[serde(skip)]
     pub unreadable: Vec<String>,
 }
@@ -85,7 +86,7 @@ fn read_spec(raw: &serde_json::value::RawValue) -> (serde_json::Value, Vec<Strin
     let Ok(fields) =
         serde_json::from_str::<BTreeMap<String, Box<serde_json::value::RawValue>>>(raw.get())
     else {
-        return (serde_json::Value::Null, vec![String::new()]);
+        return (serde_json::Value::Null, vec!["spec".into()]);
     };
     let (mut spec, mut unreadable) = (serde_json::Map::new(), Vec::new());
     for (k, v) in fields {
@@ -93,7 +94,7 @@ fn read_spec(raw: &serde_json::value::RawValue) -> (serde_json::Value, Vec<Strin
             Ok(v) => {
                 spec.insert(k, v);
             }
-            Err(_) => unreadable.push(k),
+            Err(_) => unreadable.push(format!("spec.{k}")),
         }
     }
     (serde_json::Value::Object(spec), unreadable)
@@ -159,12 +160,7 @@ impl AppClaim {
 impl RawApp {
     /// The typed app, or why its spec cannot be read (with the field's path).
     pub fn parse(&self) -> Result<StatefulStreamApp, String> {
-        if let Some(f) = self.unreadable.first() {
-            let field = if f.is_empty() {
-                "spec".to_string()
-            } else {
-                format!("spec.{f}")
-            };
+        if let Some(field) = self.unreadable.first() {
             return Err(format!(
                 "{field} is nested more than 128 levels deep, deeper than eddy reads: flatten it"
             ));
@@ -287,7 +283,7 @@ mod tests {
                             "spec": {"podTemplate": nested(300)}});
         let line = format!(r#"{{"type":"MODIFIED","object":{object}}}"#);
         match serde_json::from_str::<kube::core::WatchEvent<RawApp>>(&line).expect("reads") {
-            kube::core::WatchEvent::Modified(a) => assert_eq!(a.unreadable, ["podTemplate"]),
+            kube::core::WatchEvent::Modified(a) => assert_eq!(a.unreadable, ["spec.podTemplate"]),
             other => panic!("{other:?}"),
         }
     }
