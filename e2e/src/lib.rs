@@ -24,6 +24,8 @@ pub mod restore_bench;
 
 pub mod scaling;
 
+pub mod seen;
+
 use anyhow::{Context as _, Result, bail};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

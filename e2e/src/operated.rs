@@ -8,6 +8,7 @@ use crate::k8s::{ControlPlane, Process};
 use crate::{bootstrap, delete_topics, free_port, http_get, sum_metric, topics_with_prefix};
 use crate::{create_topic, unique, wait_until};
 use anyhow::{Context as _, Result, anyhow};
+use eddy_crds::resource::{AppStatus, TaskRole};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -269,9 +270,19 @@ impl Operated {
         Ok(text)
     }
 
+    /// The sum of a metric over the series of a running worker pod matching `filters`
+    /// (`label="value"` strings).
+    pub fn pod_metric(&self, ns: &str, pod: &str, name: &str, filters: &[&str]) -> Result<f64> {
+        Ok(sum_metric(&self.pod_metrics(ns, pod)?, name, filters))
+    }
+
     /// The last lines of the operators', the runner's and every worker pod's log, and every
-    /// app's status.
+    /// app's status. `EDDY_E2E_LOG_LINES` sets how many lines of each log (default 30).
     pub fn logs(&self) -> String {
+        let lines = std::env::var("EDDY_E2E_LOG_LINES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(30);
         let mut files: Vec<PathBuf> = (0..self.operators.len())
             .map(|i| format!("op-{i}.log"))
             .chain(["runner.log".to_string()])
@@ -299,7 +310,7 @@ impl Operated {
         std::iter::once(statuses)
             .chain(files.iter().map(|f| {
                 let text = std::fs::read_to_string(f).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                let tail: Vec<&str> = text.lines().rev().take(lines).collect();
                 format!(
                     "--- {}\n{}",
                     f.strip_prefix(self.dir.path()).unwrap_or(f).display(),
@@ -308,6 +319,78 @@ impl Operated {
             }))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// An app's `metadata.generation` and its status as the operator and the workers wrote it.
+    pub fn app_status(&self, ns: &str, app: &str) -> Result<(i64, AppStatus)> {
+        let v = self.app_json(ns, app)?;
+        let generation = v["metadata"]["generation"].as_i64().unwrap_or(0);
+        let status: AppStatus = serde_json::from_value(v["status"].clone()).unwrap_or_default();
+        Ok((generation, status))
+    }
+
+    /// Settled at `replicas`: the StatefulSet has exactly that many pods, all Ready and on the
+    /// current revision; the assignment spreads every task over them and nothing moves; each
+    /// worker applied it and runs its actives; the phase is Running.
+    pub fn settled(&self, ns: &str, app: &str, replicas: usize) -> Result<bool> {
+        let (generation, s) = self.app_status(ns, app)?;
+        let sts = |path: &str| self.get(ns, &format!("statefulset/{app}"), path);
+        let Some(a) = &s.assignment else {
+            return Ok(false);
+        };
+        let progressing = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Progressing" && c.status == "True");
+        let pods_ok = a.pods.len() == replicas
+            && a.pods
+                .values()
+                .all(|p| !p.active.is_empty() && p.warmup.is_empty())
+            && a.down.is_empty();
+        let workers_ok = a.pods.iter().all(|(pod, tasks)| {
+            s.workers.get(pod).is_some_and(|w| {
+                w.applied_generation == a.generation
+                    && tasks.active.iter().all(|t| {
+                        w.tasks.get(t).is_some_and(|t| {
+                            t.role == TaskRole::Active && t.state.name() == "RUNNING"
+                        })
+                    })
+            })
+        });
+        Ok(s.observed_generation == Some(generation)
+            && !progressing
+            && pods_ok
+            && workers_ok
+            && s.phase.map(|p| format!("{p:?}")).as_deref() == Some("Running")
+            && sts("{.spec.replicas}") == replicas.to_string()
+            && sts("{.status.readyReplicas}") == replicas.to_string()
+            && sts("{.status.replicas}") == replicas.to_string()
+            && sts("{.status.currentRevision}") == sts("{.status.updateRevision}"))
+    }
+
+    pub fn wait_settled(&self, ns: &str, app: &str, replicas: usize) -> Result<()> {
+        wait_until(WAIT, || self.settled(ns, app, replicas)).with_context(|| {
+            format!(
+                "{ns}/{app} did not settle at {replicas} replicas\n{}",
+                self.logs()
+            )
+        })
+    }
+
+    /// `kubectl scale ssapp`.
+    pub fn scale(&self, ns: &str, app: &str, replicas: usize) -> Result<()> {
+        self.kubectl(
+            &[
+                "-n",
+                ns,
+                "scale",
+                "ssapp",
+                app,
+                &format!("--replicas={replicas}"),
+            ],
+            None,
+        )?;
+        Ok(())
     }
 
     /// Delete every app of a namespace and wait until they are gone (the operator removes

@@ -28,22 +28,23 @@ spec:
   commitIntervalMs: 100
   topology:
     - from: {{topic: {input}}}
-    - count: {{store: counts}}
-    - to: {{topic: {output}, value: i64}}
-"#
+{}"#,
+        seen::steps("counts", output)
     )
 }
 
-/// `n` records over `KEYS` keys.
-fn produce_counts(topic: &str, n: usize) -> Result<()> {
-    let records: Vec<Input> = (0..n)
+/// `n` more records over `KEYS` keys, numbered on from `next` (the sequence numbers of
+/// [`eddy_e2e::seen`]).
+fn produce_counts(topic: &str, next: &mut usize, n: usize) -> Result<()> {
+    let records: Vec<Input> = (*next..*next + n)
         .map(|i| {
             (
                 Some(format!("k{}", i % KEYS).into_bytes()),
-                Some(b"{}".to_vec()),
+                Some(format!("{{\"i\":{i}}}").into_bytes()),
             )
         })
         .collect();
+    *next += n;
     produce(topic, &records)
 }
 
@@ -166,20 +167,12 @@ fn worker(
     )
 }
 
-/// Exactly-once: every key's committed counts strictly increase (nothing counted twice)
-/// and end at `each`. At-least-once: every key reached `each` (nothing lost).
-fn counted(output: &str, each: i64, exactly_once: bool) -> Result<bool> {
-    let seen = i64_values_by_key(output)?;
-    if !exactly_once {
-        return Ok(seen.len() == KEYS && seen.values().all(|v| v.iter().any(|c| *c >= each)));
-    }
-    for (k, v) in &seen {
-        ensure!(
-            v.windows(2).all(|w| w[0] < w[1]),
-            "key {k}: counts not strictly increasing: {v:?}"
-        );
-    }
-    Ok(seen.len() == KEYS && seen.values().all(|v| v.last() == Some(&each)))
+/// Every record of `input` accounted for in `output` ([`seen::complete`]): exactly-once,
+/// each counted once (an error if one was counted twice); at-least-once, no update lost.
+fn counted(input: &str, output: &str, exactly_once: bool) -> Result<bool> {
+    let sent = seen::sent(input)?;
+    ensure!(sent.len() == KEYS, "the input holds {} keys", sent.len());
+    seen::complete(&sent, output, exactly_once)
 }
 
 #[test]
@@ -225,8 +218,9 @@ fn standby_takes_over(guarantee: &str) -> Result<()> {
         // Only standbys: Ready all the same (a rolling update must not stall on it).
         w1.wait_ready(WAIT)?;
 
-        produce_counts(&input, 20 * KEYS)?;
-        wait_until(WAIT, || counted(&output, 20, eos)).with_context(|| w0.logs())?;
+        let mut next = 0;
+        produce_counts(&input, &mut next, 20 * KEYS)?;
+        wait_until(WAIT, || counted(&input, &output, eos)).with_context(|| w0.logs())?;
         wait_until(WAIT, || s.holds_all("w1", 1, "STANDBY"))
             .with_context(|| format!("{:#}\n{}", s.report("w1").unwrap_or_default(), w1.logs()))?;
         // Awaited, not read once: the report is written apart from the processing and failed
@@ -256,8 +250,8 @@ fn standby_takes_over(guarantee: &str) -> Result<()> {
         s.assign(2, json!({"w0": {"standby": all}, "w1": {"active": all}}))?;
         wait_until(WAIT, || s.holds_all("w1", 2, "ACTIVE"))
             .with_context(|| format!("{:#}\n{}", s.report("w1").unwrap_or_default(), w1.logs()))?;
-        produce_counts(&input, 10 * KEYS)?;
-        wait_until(WAIT, || counted(&output, 30, eos)).with_context(|| w1.logs())?;
+        produce_counts(&input, &mut next, 10 * KEYS)?;
+        wait_until(WAIT, || counted(&input, &output, eos)).with_context(|| w1.logs())?;
         wait_until(WAIT, || s.holds_all("w0", 2, "STANDBY"))
             .with_context(|| format!("{:#}\n{}", s.report("w0").unwrap_or_default(), w0.logs()))?;
 
@@ -287,8 +281,8 @@ fn standby_takes_over(guarantee: &str) -> Result<()> {
 
         // A restarted standby resumes from the checkpoint stored with its data: it applies
         // only what was written while it was away, not the whole changelog again.
-        produce_counts(&input, 5 * KEYS)?;
-        wait_until(WAIT, || counted(&output, 35, eos)).with_context(|| w1.logs())?;
+        produce_counts(&input, &mut next, 5 * KEYS)?;
+        wait_until(WAIT, || counted(&input, &output, eos)).with_context(|| w1.logs())?;
         let old_run = s.report("w0")?["incarnation"].clone();
         let mut w0 = worker(&cp, &yaml, &ns, &app_id, "w0", dir.path())?;
         // Its entry was made for its previous run: it applies it holding nothing and waits

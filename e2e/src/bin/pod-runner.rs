@@ -17,7 +17,13 @@
 //!   `EDDY_QUERY_ADVERTISED_ADDR` (where other workers forward queries) and written to the
 //!   annotation `e2e.eddy.dev/query-addr`;
 //! - `KUBECONFIG` points at a kubeconfig holding a token of the pod's ServiceAccount (so the
-//!   process has exactly the pod's RBAC), and `EDDY_POD_RUNNER=1` is set;
+//!   process has exactly the pod's RBAC), and `EDDY_POD_RUNNER=1` is set; its server is a
+//!   per-pod TCP relay to the API server, which a test cuts by writing `cut` into
+//!   `ROOT/pods/<ns>/<pod>/api-link` (and heals by removing it): from then on it forwards
+//!   nothing and holds its connections open, as a network partition between the pod and the
+//!   API server would, while the pod still reaches Kafka; healed, it closes what it held so
+//!   clients reconnect;
+//! - the process id goes to `ROOT/pods/<ns>/<pod>/pid` (a test may freeze it with SIGSTOP);
 //! - stdout and stderr are appended to `ROOT/pods/<ns>/<pod>/log`;
 //! - `securityContext` (pod and container) is not applied: the process runs as the runner's
 //!   own user, also when that is root and the pod asks for `runAsUser`/`runAsNonRoot`, and the
@@ -488,6 +494,17 @@ struct Supervisor {
     /// The last status sent, and whether the pod changed since (then it is sent again).
     sent: Option<Value>,
     dirty: bool,
+    /// The relay between the pod's processes and the API server (see the module doc), with
+    /// the port it listens on: started with the first process, stopped with the supervisor.
+    api_link: Option<(u16, JoinHandle<()>)>,
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        if let Some((_, relay)) = self.api_link.take() {
+            relay.abort();
+        }
+    }
 }
 
 impl Supervisor {
@@ -526,6 +543,7 @@ impl Supervisor {
             transitions: HashMap::new(),
             sent: None,
             dirty: true,
+            api_link: None,
         }
     }
 
@@ -739,8 +757,11 @@ impl Supervisor {
         if self.started.is_some() {
             self.restart_count += 1;
         }
-        info!(pod = %format!("{}/{}", self.ns, self.name), pid = child.id().unwrap_or(0),
-              restarts = self.restart_count, "started");
+        let pid = child.id().unwrap_or(0);
+        info!(pod = %format!("{}/{}", self.ns, self.name), pid, restarts = self.restart_count, "started");
+        if let Err(e) = std::fs::write(self.dir.join("pid"), pid.to_string()) {
+            warn!(pod = %format!("{}/{}", self.ns, self.name), "writing its pid: {e}");
+        }
         self.child = Some(child);
         self.started = Some((now(), Instant::now()));
         self.waiting = None;
@@ -1118,11 +1139,36 @@ impl Supervisor {
             .context("TokenRequest returned no token")
     }
 
-    /// Writes the pod's kubeconfig (the cluster, a token of its ServiceAccount).
-    async fn kubeconfig(&self) -> Result<PathBuf> {
+    /// Writes the pod's kubeconfig (the cluster through the pod's relay, a token of its
+    /// ServiceAccount).
+    async fn kubeconfig(&mut self) -> Result<PathBuf> {
         let token = self.token(None).await?;
+        let (scheme, authority) = self
+            .rt
+            .server
+            .split_once("://")
+            .context("the API server URL has no scheme")?;
+        let authority = authority.trim_end_matches('/').to_string();
+        let port = match &self.api_link {
+            Some((port, _)) => *port,
+            None => {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                let port = listener.local_addr()?.port();
+                let relay = tokio::spawn(api_link(
+                    listener,
+                    authority.clone(),
+                    self.dir.join("api-link"),
+                ));
+                self.api_link = Some((port, relay));
+                port
+            }
+        };
+        let host = authority
+            .rsplit_once(':')
+            .map_or(authority.as_str(), |(h, _)| h);
+        let server = format!("{scheme}://{host}:{port}");
         let (ca_key, ca) = &self.rt.ca;
-        let mut cluster = json!({"server": self.rt.server});
+        let mut cluster = json!({"server": server});
         cluster[*ca_key] = if *ca_key == "insecure-skip-tls-verify" {
             json!(true)
         } else {
@@ -1280,10 +1326,13 @@ impl Supervisor {
         self.exited(status);
     }
 
-    /// Removes what only this pod used: its non-persistent volumes and its kubeconfig.
+    /// Removes what only this pod used: its non-persistent volumes, its kubeconfig, its
+    /// API relay's switch and its pid.
     fn cleanup(&self) {
         let _ = std::fs::remove_dir_all(self.dir.join("volumes"));
-        let _ = std::fs::remove_file(self.dir.join("kubeconfig"));
+        for f in ["kubeconfig", "api-link", "pid"] {
+            let _ = std::fs::remove_file(self.dir.join(f));
+        }
     }
 
     /// Deletes the (terminating, process stopped) pod object for good.
@@ -1396,4 +1445,48 @@ async fn http_ok(port: u16, path: &str, timeout: Duration) -> bool {
         .nth(1)
         .and_then(|c| c.parse::<u16>().ok());
     matches!(code, Some(200..=399))
+}
+
+/// A pod's relay to the API server at `upstream` (`host:port`), cut while the file `control`
+/// says `cut` (checked every 100 ms): see the module doc.
+async fn api_link(listener: tokio::net::TcpListener, upstream: String, control: PathBuf) {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let cut = std::fs::read_to_string(&control).is_ok_and(|s| s.trim() == "cut");
+                tx.send_if_modified(|c| std::mem::replace(c, cut) != cut);
+            }
+            accepted = listener.accept() => match accepted {
+                Ok((conn, _)) => {
+                    tokio::spawn(relay(conn, upstream.clone(), rx.clone()));
+                }
+                Err(e) => warn!("API relay: accepting: {e}"),
+            },
+        }
+    }
+}
+
+/// One connection through a pod's API relay. Cut, it forwards nothing and holds both ends
+/// (as a partition would: the client sees no error, only silence) until the link heals, then
+/// closes them. It ends with the relay (the watch's sender dropped).
+async fn relay(
+    mut conn: tokio::net::TcpStream,
+    upstream: String,
+    mut cut: tokio::sync::watch::Receiver<bool>,
+) {
+    let _upstream = if *cut.borrow() {
+        None
+    } else {
+        let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else {
+            return;
+        };
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut conn, &mut up) => return,
+            cut_now = cut.wait_for(|c| *c) => if cut_now.is_err() { return },
+        }
+        Some(up)
+    };
+    let _ = cut.wait_for(|c| !*c).await;
 }
