@@ -101,6 +101,13 @@ pub struct Assignment {
 pub const REPORT_HEARTBEAT_SECONDS: u64 = 5;
 /// A worker report older than this (seconds) makes the operator fail the pod's tasks over.
 pub const STALE_REPORT_SECONDS: u64 = 30;
+/// A worker's lease on its active tasks: under at-least-once a worker that has had no report
+/// acknowledged by the API server for this long, counted from when it sent that report,
+/// stops writing. The operator fails a pod over only [`STALE_REPORT_SECONDS`] after it first
+/// saw the pod's last report, which it cannot have seen before the worker sent it: by then
+/// the lease has been over for 10 s at least.
+pub const WORKER_LEASE_SECONDS: u64 = 20;
+const _: () = assert!(WORKER_LEASE_SECONDS + 10 <= STALE_REPORT_SECONDS);
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -163,7 +170,7 @@ fn is_zero(n: &i64) -> bool {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerProblem {
-    /// `KafkaUnavailable` or `StateStoreUnavailable`.
+    /// `KafkaUnavailable`, `StateStoreUnavailable` or `ApiServerUnreachable`.
     pub reason: WorkerProblemReason,
     /// The last error, as the worker logged it.
     pub message: String,
@@ -180,6 +187,10 @@ pub enum WorkerProblemReason {
     /// The state directory cannot be written (disk full, I/O error, locked by another
     /// process): the worker retries until it can.
     StateStoreUnavailable,
+    /// Under at-least-once, the worker's reports stopped reaching the API server for
+    /// `WORKER_LEASE_SECONDS`: it stopped writing, since the operator may be moving its tasks,
+    /// and takes tasks again once a report goes through.
+    ApiServerUnreachable,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

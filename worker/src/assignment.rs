@@ -5,11 +5,16 @@
 //! its own entry of `status.workers` with server-side apply, the pod name as field manager:
 //! at once after applying a generation, every 250 ms while something restores or a warm-up
 //! catches up, and at least every [`REPORT_HEARTBEAT_SECONDS`] as a heartbeat.
+//!
+//! The API server's answer to a report is the app as the report left it: it renews the
+//! worker's lease ([`crate::status::Lease`]) and brings the assignment as of then, which a
+//! worker that dropped its tasks waits for before it takes any (docs/architecture.md,
+//! "Hand-offs and zombies").
 
 use crate::plan::Desired;
 use crate::status::{Peer, Status};
 use eddy_crds::resource::{
-    REPORT_HEARTBEAT_SECONDS, StatefulStreamApp, TaskRole, TaskState, WorkerStatus,
+    AppStatus, REPORT_HEARTBEAT_SECONDS, StatefulStreamApp, TaskRole, TaskState, WorkerStatus,
 };
 use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
@@ -48,63 +53,72 @@ pub async fn follow(client: Client, link: Link, status: Arc<Status>) -> anyhow::
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", link.app));
     let mut stream = std::pin::pin!(watcher::watcher(api, cfg).default_backoff());
     while let Some(event) = stream.next().await {
-        let app = match event {
-            Ok(watcher::Event::Apply(app) | watcher::Event::InitApply(app)) => app,
-            Ok(_) => continue,
-            Err(e) => {
-                tracing::warn!("watching app {}/{}: {e}", link.namespace, link.app);
-                continue;
+        match event {
+            Ok(watcher::Event::Apply(app) | watcher::Event::InitApply(app)) => {
+                if let Some(st) = app.status {
+                    observe(&link, &status, st);
+                }
             }
-        };
-        let Some(st) = app.status else { continue };
-        if let Ok(mut peers) = status.peers.lock() {
-            *peers = st
-                .workers
-                .iter()
-                .filter(|(pod, _)| **pod != link.pod)
-                .map(|(pod, w)| {
-                    // Reports of workers from before roles existed say nothing: ACTIVE.
-                    let peer = Peer {
-                        applied_generation: w.applied_generation,
-                        active: w
-                            .tasks
-                            .iter()
-                            .filter(|(_, t)| t.role == TaskRole::Active)
-                            .filter_map(|(id, _)| id.parse().ok())
-                            .collect(),
-                    };
-                    (pod.clone(), peer)
-                })
-                .collect();
-        }
-        // Queries are routed by the same view: who holds which task, where each worker answers.
-        status.queries.set_cluster(crate::query::Cluster {
-            assignment: st.assignment.clone().unwrap_or_default(),
-            workers: st.workers.clone(),
-        });
-        let Some(a) = st.assignment else {
-            continue;
-        };
-        let desired = Desired::from_assignment(&a, &link.pod, &link.incarnation);
-        if let Ok(mut d) = status.desired.lock()
-            && d.as_ref().map(|d| d.generation) != Some(a.generation)
-        {
-            tracing::info!(generation = a.generation, active = ?desired.active,
-                standby = ?desired.standby, warmup = ?desired.warmup, down = ?desired.down,
-                "new assignment");
-            if a.pods.get(&link.pod).is_some_and(|p| {
-                p.incarnation.as_deref() != Some(link.incarnation.as_str())
-                    && !(p.active.is_empty() && p.standby.is_empty() && p.warmup.is_empty())
-            }) {
-                tracing::info!(
-                    generation = a.generation,
-                    "this pod's tasks in the assignment were decided before the operator saw this run of its worker: waiting for an assignment made for this run"
-                );
-            }
-            *d = Some(desired);
+            Ok(_) => {}
+            Err(e) => tracing::warn!("watching app {}/{}: {e}", link.namespace, link.app),
         }
     }
     Ok(())
+}
+
+/// Take in the app's status as the watch or the answer to a report shows it: the peers'
+/// reports, where queries go, and this pod's tasks. The assignment only moves forward: the
+/// answer to a report can be newer than what the watch delivers next, and the operator
+/// never publishes two assignments under one generation.
+fn observe(link: &Link, status: &Status, st: AppStatus) {
+    if let Ok(mut peers) = status.peers.lock() {
+        *peers = st
+            .workers
+            .iter()
+            .filter(|(pod, _)| **pod != link.pod)
+            .map(|(pod, w)| {
+                // Reports of workers from before roles existed say nothing: ACTIVE.
+                let peer = Peer {
+                    applied_generation: w.applied_generation,
+                    active: w
+                        .tasks
+                        .iter()
+                        .filter(|(_, t)| t.role == TaskRole::Active)
+                        .filter_map(|(id, _)| id.parse().ok())
+                        .collect(),
+                };
+                (pod.clone(), peer)
+            })
+            .collect();
+    }
+    // Queries are routed by the same view: who holds which task, where each worker answers.
+    status.queries.set_cluster(crate::query::Cluster {
+        assignment: st.assignment.clone().unwrap_or_default(),
+        workers: st.workers.clone(),
+    });
+    let Some(a) = st.assignment else {
+        return;
+    };
+    let Ok(mut d) = status.desired.lock() else {
+        return;
+    };
+    if d.as_ref().is_some_and(|d| d.generation >= a.generation) {
+        return;
+    }
+    let desired = Desired::from_assignment(&a, &link.pod, &link.incarnation);
+    tracing::info!(generation = a.generation, active = ?desired.active,
+        standby = ?desired.standby, warmup = ?desired.warmup, down = ?desired.down,
+        "new assignment");
+    if a.pods.get(&link.pod).is_some_and(|p| {
+        p.incarnation.as_deref() != Some(link.incarnation.as_str())
+            && !(p.active.is_empty() && p.standby.is_empty() && p.warmup.is_empty())
+    }) {
+        tracing::info!(
+            generation = a.generation,
+            "this pod's tasks in the assignment were decided before the operator saw this run of its worker: waiting for an assignment made for this run"
+        );
+    }
+    *d = Some(desired);
 }
 
 /// Report this worker's tasks into `status.workers.<pod>` when they change: at once when
@@ -118,6 +132,8 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
     let heartbeat = Duration::from_secs(REPORT_HEARTBEAT_SECONDS);
     let mut last: Option<WorkerStatus> = None;
     let mut last_sent = tokio::time::Instant::now();
+    // Confirmations asked for ([`Status::confirm_soon`]) that a report answered.
+    let mut confirmed = 0;
     loop {
         let urgent = tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(250)) => false,
@@ -126,7 +142,10 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
         let Some(mut report) = status.full_report() else {
             continue;
         };
-        let changed = last.as_ref() != Some(&report);
+        let asked = status
+            .confirmations
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let changed = last.as_ref() != Some(&report) || asked > confirmed;
         // The report that shows a warm-up caught up goes out at once too: the operator moves
         // the task on it. One that shows a restore over waits its turn, so the backlog stays
         // in the status long enough to be seen.
@@ -149,16 +168,33 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
             "metadata": {"name": link.app},
             "status": {"workers": {link.pod.clone(): report}},
         });
-        match api
-            .patch_status(&link.app, &params, &Patch::Apply(&patch))
-            .await
-        {
-            Ok(_) => {
+        let sending = std::time::Instant::now();
+        // Bounded: a link that drops packets would otherwise hold the reporter for minutes
+        // after it healed.
+        let answer = tokio::time::timeout(
+            REPORT_TIMEOUT,
+            api.patch_status(&link.app, &params, &Patch::Apply(&patch)),
+        )
+        .await;
+        match answer {
+            Ok(Ok(app)) => {
+                // The API server took the report: the lease runs from when it was sent, and
+                // the app it answers with is at least as new as the report.
+                status.lease.confirm(sending);
+                confirmed = asked;
+                if let Some(st) = app.status {
+                    observe(&link, &status, st);
+                }
                 last = Some(sent);
                 last_sent = tokio::time::Instant::now();
                 status.reported();
             }
-            Err(e) => tracing::warn!("reporting status of {}: {e}", link.pod),
+            Ok(Err(e)) => tracing::warn!("reporting status of {}: {e}", link.pod),
+            Err(_) => tracing::warn!(
+                "reporting status of {}: no answer in {} s",
+                link.pod,
+                REPORT_TIMEOUT.as_secs()
+            ),
         }
     }
 }
@@ -180,6 +216,9 @@ fn warming_up(r: &WorkerStatus) -> bool {
         .any(|t| t.role == TaskRole::Warmup && t.lag.is_none_or(|l| l > 0))
 }
 
+/// How long a report may take: a few heartbeats, well within the lease.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
@@ -194,6 +233,51 @@ mod tests {
             tasks: [("0_0".to_string(), t)].into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_assignment_only_moves_forward() {
+        use eddy_crds::resource::{Assignment, PodTasks};
+        let link = Link {
+            namespace: "ns".into(),
+            app: "a".into(),
+            pod: "a-0".into(),
+            incarnation: "run-1".into(),
+        };
+        let status = Status::default();
+        let at = |generation: i64, task: &str| AppStatus {
+            assignment: Some(Assignment {
+                generation,
+                partitions: vec![2],
+                pods: [(
+                    "a-0".to_string(),
+                    PodTasks {
+                        active: vec![task.to_string()],
+                        incarnation: Some("run-1".into()),
+                        ..Default::default()
+                    },
+                )]
+                .into(),
+                down: Vec::new(),
+            }),
+            ..Default::default()
+        };
+        let desired = || {
+            let d = status
+                .desired
+                .lock()
+                .expect("lock")
+                .clone()
+                .expect("desired");
+            (d.generation, d.active)
+        };
+        observe(&link, &status, at(5, "0_1"));
+        assert_eq!(desired(), (5, vec!["0_1".parse().expect("id")]));
+        // A watch lagging behind the answer to a report delivers an older generation: kept.
+        observe(&link, &status, at(4, "0_0"));
+        assert_eq!(desired(), (5, vec!["0_1".parse().expect("id")]));
+        observe(&link, &status, at(6, "0_0"));
+        assert_eq!(desired(), (6, vec!["0_0".parse().expect("id")]));
     }
 
     #[test]

@@ -6,11 +6,12 @@
 use crate::changelog::Topics;
 use crate::partitioner::partition_for;
 use crate::processor::{ProcessError, Sink};
+use crate::status::Lease;
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
-    BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
+    BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer,
 };
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -77,6 +78,8 @@ pub type Producer = ThreadedProducer<Tracker>;
 pub struct Collector {
     pub producer: Arc<Producer>,
     topics: Arc<Topics>,
+    /// The lease every record is sent under (at-least-once under the operator), if any.
+    lease: Option<Arc<Lease>>,
 }
 
 /// Handle on one changelog partition's delivered offset.
@@ -95,7 +98,31 @@ impl Slot {
 
 impl Collector {
     pub fn new(producer: Arc<Producer>, topics: Arc<Topics>) -> Self {
-        Self { producer, topics }
+        Self {
+            producer,
+            topics,
+            lease: None,
+        }
+    }
+
+    /// Send only under `lease`: a record handed to the producer after it lapsed is purged
+    /// from the producer's queue, with everything else not yet sent, and the send fails.
+    pub fn under(mut self, lease: Arc<Lease>) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Checked after the record is queued, not before: a worker frozen between a check and
+    /// the send would otherwise queue one record after its lease lapsed. Purging takes it
+    /// back before librdkafka's batching (`linger.ms`) lets it out.
+    fn check_lease(&self) -> Result<(), ProcessError> {
+        match &self.lease {
+            Some(lease) => lease.check().map_err(|e| {
+                self.producer.purge(PurgeConfig::default().queue());
+                ProcessError::Lease(e)
+            }),
+            None => Ok(()),
+        }
     }
 
     pub fn track(&self) -> Slot {
@@ -160,7 +187,7 @@ impl Collector {
         let mut deadline = None;
         loop {
             match self.producer.send(rec) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return self.check_lease(),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
                     if Instant::now()
                         < *deadline.get_or_insert_with(|| Instant::now() + QUEUE_FULL_WAIT) =>
@@ -268,6 +295,14 @@ pub fn transactional_id(application_id: &str, instance: &str) -> String {
     format!("{application_id}-{instance}")
 }
 
+/// Under at-least-once with the operator, a record waits at most this long in the producer
+/// before it is failed instead of sent. A worker writes only under its lease
+/// ([`crate::status::Lease`]), and the operator fails it over 30 s after its last report, at
+/// least 10 s after the lease ran out: a worker frozen (SIGSTOP, a stalled VM) with records
+/// queued finds them expired when it resumes, and librdkafka fails expired records before it
+/// sends anything (its producer loop scans for timeouts first after a pause of over a second).
+pub const LEASED_MESSAGE_TIMEOUT: Duration = Duration::from_secs(8);
+
 /// librdkafka settings of the worker's producer under the app's `kafka.properties`; public so
 /// the engine benchmark's raw pass-through (its ceiling) produces with the same batching.
 pub const PRODUCER_TUNING: &[(&str, &str)] = &[
@@ -280,10 +315,14 @@ pub const PRODUCER_TUNING: &[(&str, &str)] = &[
 /// `batch_bytes` caps a batch below the smallest `max.message.bytes` of the topics written:
 /// the broker checks the whole batch against it, so a batch of small records to a topic with
 /// a low limit would otherwise be rejected as one.
+///
+/// `message_timeout`, when given, bounds how long a record may wait in the producer: it
+/// overrides `message.timeout.ms` (see [`LEASED_MESSAGE_TIMEOUT`]).
 pub fn producer(
     cfg: &crate::config::WorkerConfig,
     transactional_id: Option<&str>,
     batch_bytes: Option<usize>,
+    message_timeout: Option<Duration>,
 ) -> Result<Arc<Producer>, KafkaError> {
     let batch = batch_bytes.map(|b| b.to_string());
     let mut defaults = PRODUCER_TUNING.to_vec();
@@ -292,6 +331,20 @@ pub fn producer(
     }
     let mut c = cfg.client_config_with(&defaults);
     c.set("enable.idempotence", "true");
+    if let Some(t) = message_timeout {
+        let ms = t.as_millis().to_string();
+        if let Some(own) = c
+            .get("message.timeout.ms")
+            .or_else(|| c.get("delivery.timeout.ms"))
+            && own.trim() != ms
+        {
+            tracing::warn!(
+                "kafka.properties sets the producer's message timeout to {own} ms: under at-least-once with the operator it is {ms} ms, so that a worker frozen past its lease cannot send what it had queued"
+            );
+        }
+        c.remove("delivery.timeout.ms");
+        c.set("message.timeout.ms", ms);
+    }
     if let Some(id) = transactional_id {
         c.set("transactional.id", id).set(
             "transaction.timeout.ms",

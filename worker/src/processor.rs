@@ -27,6 +27,10 @@ pub enum ProcessError {
         #[source]
         source: rdkafka::error::KafkaError,
     },
+    /// Under at-least-once with the operator, the worker's lease on its tasks lapsed: it
+    /// stops writing and retries from its last commit once the API server answers again.
+    #[error(transparent)]
+    Lease(#[from] crate::status::LeaseLapsed),
     /// Anything else stops the worker.
     #[error(transparent)]
     Store(#[from] StoreError),

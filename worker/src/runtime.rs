@@ -24,6 +24,7 @@ use crate::plan::{self, Desired};
 use crate::processor::ProcessError;
 use crate::record::Origin;
 use crate::restore::{self, RestoreError, Restored};
+use crate::status::LeaseLapsed;
 pub use crate::status::{Peer, Status};
 use crate::store::{StateResources, StoreError};
 use crate::task::{Position, Task, TaskError, TaskState, input};
@@ -33,7 +34,7 @@ use eddy_crds::resource::{TaskRole, TaskStatus, WorkerProblem, WorkerProblemReas
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::Producer as _;
+use rdkafka::producer::{Producer as _, PurgeConfig};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
@@ -69,6 +70,8 @@ pub enum RuntimeError {
     Updater(UpdaterError),
     #[error(transparent)]
     Global(#[from] GlobalError),
+    #[error(transparent)]
+    Lease(#[from] LeaseLapsed),
 }
 
 impl RuntimeError {
@@ -81,6 +84,7 @@ impl RuntimeError {
             RuntimeError::Task(TaskError::Process { source, .. }) => match source {
                 ProcessError::Send { source, .. } => !fault::is_fatal(source),
                 ProcessError::Store(e) => e.is_transient(),
+                ProcessError::Lease(_) => true,
                 _ => false,
             },
             RuntimeError::Task(TaskError::Store { source, .. })
@@ -95,7 +99,8 @@ impl RuntimeError {
             RuntimeError::Delivery(d) => !fault::is_fatal_code(d.code),
             RuntimeError::NoGroupMetadata
             | RuntimeError::CommitStalled(_)
-            | RuntimeError::Leaderless(_) => true,
+            | RuntimeError::Leaderless(_)
+            | RuntimeError::Lease(_) => true,
             RuntimeError::Updater(_) => false,
             RuntimeError::Global(e) => match e {
                 GlobalError::Kafka { source, .. } => !fault::is_fatal(source),
@@ -138,6 +143,11 @@ impl RuntimeError {
             | RuntimeError::Restore(RestoreError::Store { .. })
             | RuntimeError::Global(GlobalError::Store(_))
             | RuntimeError::Store(_) => WorkerProblemReason::StateStoreUnavailable,
+            RuntimeError::Lease(_)
+            | RuntimeError::Task(TaskError::Process {
+                source: ProcessError::Lease(_),
+                ..
+            }) => WorkerProblemReason::ApiServerUnreachable,
             _ => WorkerProblemReason::KafkaUnavailable,
         }
     }
@@ -302,7 +312,11 @@ pub fn run(
         fenced: Vec::new(),
         jobs: Vec::new(),
         globals: None,
+        dropped_at: Instant::now(),
+        waiting_for: Vec::new(),
     };
+    // The first tasks come from an assignment acknowledged after this start.
+    m.status.confirm_soon();
     let result = m.supervise();
     if let Some(g) = m.globals.take() {
         m.status.queries.withdraw_global();
@@ -433,6 +447,12 @@ struct Manager<'a> {
     jobs: Vec<RestoreJob>,
     /// The threads keeping the global tables up to date (started with the first loop).
     globals: Option<GlobalThreads>,
+    /// When the tasks were last dropped (or the worker started): under the operator, tasks
+    /// are taken again only from an assignment the API server acknowledged with a report
+    /// sent after this ([`crate::status::Lease::confirmed_since`]), never from a cached one.
+    dropped_at: Instant,
+    /// At-least-once hand-offs past their timeout, and the holders said so in the log.
+    waiting_for: Vec<(i64, Vec<String>)>,
 }
 
 impl Manager<'_> {
@@ -477,12 +497,19 @@ impl Manager<'_> {
     /// hold records that will be produced again), and what Kafka said about the topics.
     fn recover(&mut self) {
         self.status.ready.store(false, Ordering::Relaxed);
-        if let Some(p) = self.producer.take()
-            && self.in_transaction
-        {
-            let _ = p.abort_transaction(Duration::from_secs(5));
+        if let Some(p) = self.producer.take() {
+            if self.in_transaction {
+                let _ = p.abort_transaction(Duration::from_secs(5));
+            } else {
+                // Nothing queued goes out after this: the work is redone from the last commit,
+                // perhaps by another worker.
+                p.purge(PurgeConfig::default().queue());
+            }
         }
         self.in_transaction = false;
+        // The assignment cached may be what made this worker a zombie (its tasks moved while
+        // it was cut off or frozen): it takes tasks again only from one read back after now.
+        self.dropped_at = Instant::now();
         for j in std::mem::take(&mut self.jobs) {
             j.cancel();
         }
@@ -511,6 +538,7 @@ impl Manager<'_> {
         self.topics = None;
         self.stale = true;
         self.report();
+        self.status.confirm_soon();
     }
 
     /// Record why the worker waits (status report, `/readyz`); cleared by [`Self::healthy`].
@@ -573,7 +601,8 @@ impl Manager<'_> {
                         topics.batch_bytes(),
                     )?
                 } else {
-                    collector::producer(self.cfg, None, topics.batch_bytes())
+                    let timeout = self.leased().then_some(collector::LEASED_MESSAGE_TIMEOUT);
+                    collector::producer(self.cfg, None, topics.batch_bytes(), timeout)
                         .map_err(kafka("creating the producer"))?
                 };
                 self.producer = Some(p.clone());
@@ -593,6 +622,9 @@ impl Manager<'_> {
                 // Kafka Streams too starts no task before its global tables are restored.
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
+            }
+            if self.leased() && !(self.tasks.is_empty() && self.jobs.is_empty()) {
+                self.status.lease.check()?;
             }
             if let Some(desired) = self.wanted() {
                 self.change(&desired)?;
@@ -812,6 +844,11 @@ impl Manager<'_> {
         if Some(desired.generation) == self.applied && !self.stale {
             return None;
         }
+        if !self.status.lease.confirmed_since(self.dropped_at) {
+            // Started, or dropped its tasks: wait until a report sent since is acknowledged,
+            // which also brings the assignment as of then.
+            return None;
+        }
         let unknown = desired.retain_known(&self.all_tasks());
         if !unknown.is_empty() {
             tracing::warn!(?unknown, "ignoring assigned tasks this app does not have");
@@ -838,10 +875,26 @@ impl Manager<'_> {
         self.stale = false;
         // A restore still wanted goes on; one with a task no longer active here is dropped
         // (what it wrote is checkpointed: taking the task again resumes from there).
-        let (keep, cancel): (Vec<RestoreJob>, Vec<RestoreJob>) = std::mem::take(&mut self.jobs)
+        let (mut keep, cancel): (Vec<RestoreJob>, Vec<RestoreJob>) = std::mem::take(&mut self.jobs)
             .into_iter()
             .partition(|j| j.ids.iter().all(|t| d.active.contains(t)));
+        // A task still waiting for its previous owner waits by the new generation's terms:
+        // that owner may since have been failed over (`down`), or left the assignment.
+        let mut waiting: Vec<TaskId> = Vec::new();
+        for j in keep.iter_mut().filter(|j| !j.started) {
+            j.generation = d.generation;
+            j.down.clone_from(&d.down);
+            j.pods.clone_from(&d.pods);
+            waiting.extend(&j.ids);
+        }
         self.jobs = keep;
+        let jobs = &self.jobs;
+        self.waiting_for
+            .retain(|(g, _)| jobs.iter().any(|j| j.generation == *g));
+        if self.status.follow_assignment && !waiting.is_empty() {
+            // Not waited for any more, so fenced first (exactly-once).
+            self.fence_down(d, &waiting)?;
+        }
         for j in cancel {
             j.cancel();
         }
@@ -1132,7 +1185,10 @@ impl Manager<'_> {
             else {
                 continue;
             };
-            let collector = Collector::new(producer.clone(), topics.clone());
+            let mut collector = Collector::new(producer.clone(), topics.clone());
+            if self.leased() {
+                collector = collector.under(self.status.lease.clone());
+            }
             let task = Task::new(
                 cfg,
                 sub,
@@ -1154,6 +1210,7 @@ impl Manager<'_> {
     /// something to commit.
     fn commit(&mut self) -> Result<bool, RuntimeError> {
         let started = Instant::now();
+        let leased = self.leased();
         let tasks = &mut self.tasks;
         let dirty: Vec<usize> = (0..tasks.len())
             .filter(|&i| tasks[i].has_uncommitted())
@@ -1205,6 +1262,10 @@ impl Manager<'_> {
                 .map_err(kafka("beginning a transaction"))?;
             self.in_transaction = true;
         } else if offsets.count() > 0 {
+            if leased {
+                // Another worker may own these tasks once the lease lapsed: its offsets win.
+                self.status.lease.check()?;
+            }
             commit_offsets(&self.consumer, offsets)?;
         }
         for &i in &dirty {
@@ -1221,11 +1282,11 @@ impl Manager<'_> {
     /// committed it and let it go ([`Self::released`], checked on every turn of the loop): no
     /// other worker reports it ACTIVE any more. Pods the operator failed over (`down`) are not
     /// waited for; under exactly-once they are fenced at once, unless back on this generation
-    /// without the `gained` tasks ([`plan::to_fence`]). A worker that does not let go in time (hung, cut off from the API
-    /// server) is fenced under exactly-once: initializing its transactional id aborts its open
-    /// transaction and makes its next commit fail. At-least-once has nothing to fence with:
-    /// after the timeout the task is taken anyway, and a worker that is still processing it
-    /// (a zombie) may write duplicates until it sees the new assignment.
+    /// without the `gained` tasks ([`plan::to_fence`]). A worker that does not let go in time
+    /// (hung, cut off from the API server) is fenced under exactly-once: initializing its
+    /// transactional id aborts its open transaction and makes its next commit fail.
+    /// At-least-once has nothing to fence with: the task waits for that worker to let go, or
+    /// for the operator to fail it over once its lease has lapsed ([`Self::released`]).
     fn fence_down(&mut self, d: &Desired, gained: &[TaskId]) -> Result<(), RuntimeError> {
         self.fenced.retain(|p| d.down.contains(p));
         if !self.cfg.exactly_once() {
@@ -1258,8 +1319,9 @@ impl Manager<'_> {
     }
 
     /// True once no peer outside `down` may hold one of job `i`'s tasks ([`plan::holders`]: it
-    /// reports one ACTIVE, or has not applied the job's generation), or the hand-off timeout
-    /// passed (then, under exactly-once, those peers are fenced).
+    /// reports one ACTIVE, or has not applied the job's generation), or, under exactly-once,
+    /// once the hand-off timeout passed and those peers are fenced. Under at-least-once only
+    /// the peers themselves (letting go) or the operator (failing them over) end the wait.
     fn released(&mut self, i: usize) -> Result<bool, RuntimeError> {
         let job = &self.jobs[i];
         let holders = match self.status.peers.lock() {
@@ -1272,18 +1334,30 @@ impl Manager<'_> {
         if Instant::now() < job.deadline {
             return Ok(false);
         }
-        for pod in holders {
-            if self.cfg.exactly_once() {
-                let id = collector::transactional_id(&self.cfg.application_id, &pod);
-                tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
-                    "a worker still holds tasks assigned here, or has not applied their generation: fencing it");
-                init_transactions(self.cfg, &id, None)?;
-            } else {
-                tracing::warn!(worker = %pod, timeout_s = HANDOFF_TIMEOUT.as_secs(),
-                    "a worker still holds tasks assigned here, or has not applied their generation: taking them anyway (at-least-once cannot fence it; it may write duplicates until it lets go)");
+        if !self.cfg.exactly_once() {
+            // Nothing can fence an at-least-once writer: wait for it to let go, or for the
+            // operator to fail it over once its lease has surely lapsed.
+            let said = (job.generation, holders.clone());
+            if !self.waiting_for.contains(&said) {
+                tracing::warn!(workers = ?holders, generation = job.generation, timeout_s = HANDOFF_TIMEOUT.as_secs(),
+                    "workers still hold tasks assigned here, or have not applied their generation: waiting for them to let go, or for the operator to fail them over (at-least-once cannot fence a writer)");
+                self.waiting_for.push(said);
             }
+            return Ok(false);
+        }
+        for pod in holders {
+            let id = collector::transactional_id(&self.cfg.application_id, &pod);
+            tracing::warn!(worker = %pod, transactional_id = %id, timeout_s = HANDOFF_TIMEOUT.as_secs(),
+                "a worker still holds tasks assigned here, or has not applied their generation: fencing it");
+            init_transactions(self.cfg, &id, None)?;
         }
         Ok(true)
+    }
+
+    /// Under at-least-once with the operator, writes need the worker's lease
+    /// ([`crate::status::Lease`]): Kafka cannot fence a second writer of a task.
+    fn leased(&self) -> bool {
+        self.status.follow_assignment && !self.cfg.exactly_once()
     }
 
     fn report(&self) {
@@ -1369,8 +1443,8 @@ fn init_transactions(
     id: &str,
     batch_bytes: Option<usize>,
 ) -> Result<Arc<collector::Producer>, RuntimeError> {
-    let p =
-        collector::producer(cfg, Some(id), batch_bytes).map_err(kafka(format!("producer {id}")))?;
+    let p = collector::producer(cfg, Some(id), batch_bytes, None)
+        .map_err(kafka(format!("producer {id}")))?;
     retry(Duration::from_secs(60), || {
         p.init_transactions(Duration::from_secs(60))
     })
@@ -1464,8 +1538,9 @@ const LEADERLESS_LIMIT: Duration = Duration::from_secs(30);
 /// Longer than librdkafka's own retries of a commit to a coordinator that moves.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How long a worker waits for the previous owner of a task to let it go before fencing it
-/// (a worker reports at once when it lets tasks go, and at least every 5 s).
+/// How long a worker waits for the previous owner of a task to let it go before fencing it,
+/// under exactly-once (a worker reports at once when it lets tasks go, and at least every
+/// 5 s); under at-least-once it only says so in the log and goes on waiting.
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Partition → (index of the task reading it, index of the input it is to that task).

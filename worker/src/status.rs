@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Records restored, per task id and store, for logs and tests.
 pub type Restored = HashMap<(String, String), u64>;
@@ -48,6 +48,81 @@ pub struct Status {
     /// The stores and copies the query API reads (published by the processing thread and
     /// the state updater).
     pub queries: std::sync::Arc<crate::query::Catalog>,
+    /// Under the operator: which of this worker's reports the API server acknowledged.
+    pub lease: std::sync::Arc<Lease>,
+    /// Reports asked for by [`Status::confirm_soon`]: the reporter sends one even if nothing
+    /// changed.
+    pub confirmations: AtomicU64,
+}
+
+/// What a worker under the operator knows of its link to the API server: when it sent the
+/// last report the API server acknowledged (the answer carries the app as it is after the
+/// report, so the assignment in it is at least as new as the report).
+///
+/// Two rules rest on it. A worker that dropped its tasks (a recovery, a fenced producer, a
+/// lapsed lease) takes tasks again only from an assignment acknowledged after the drop
+/// ([`Lease::confirmed_since`]), never from what it had cached: the operator may have moved
+/// them meanwhile. And under at-least-once, where Kafka cannot fence a writer, a worker
+/// writes only while its last acknowledged report is less than
+/// [`WORKER_LEASE_SECONDS`](eddy_crds::resource::WORKER_LEASE_SECONDS) old
+/// ([`Lease::check`]); the operator fails a pod over only well after that.
+pub struct Lease {
+    base: Instant,
+    /// When the last acknowledged report was sent, in ns after `base` plus one (0: none).
+    confirmed: AtomicU64,
+    /// How long a lease lasts.
+    term: Duration,
+}
+
+impl Default for Lease {
+    fn default() -> Self {
+        Lease::with_term(Duration::from_secs(
+            eddy_crds::resource::WORKER_LEASE_SECONDS,
+        ))
+    }
+}
+
+/// The lease lapsed: this worker may not write.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error(
+    "no report of this worker reached the API server for {} s (the operator may be moving its tasks): stopped writing until one does",
+    .0.as_secs()
+)]
+pub struct LeaseLapsed(pub Duration);
+
+impl Lease {
+    pub fn with_term(term: Duration) -> Lease {
+        Lease {
+            base: Instant::now(),
+            confirmed: AtomicU64::new(0),
+            term,
+        }
+    }
+
+    fn ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// A report sent at `sent` was acknowledged.
+    pub fn confirm(&self, sent: Instant) {
+        self.confirmed.fetch_max(self.ns(sent), Ordering::Relaxed);
+    }
+
+    /// A report sent after `t` was acknowledged.
+    pub fn confirmed_since(&self, t: Instant) -> bool {
+        self.confirmed.load(Ordering::Relaxed) > self.ns(t)
+    }
+
+    /// Ok while the last acknowledged report was sent less than the lease's term ago.
+    pub fn check(&self) -> Result<(), LeaseLapsed> {
+        let confirmed = self.confirmed.load(Ordering::Relaxed);
+        let age = Duration::from_nanos(self.ns(Instant::now()).saturating_sub(confirmed));
+        if confirmed > 0 && age < self.term {
+            Ok(())
+        } else {
+            Err(LeaseLapsed(age))
+        }
+    }
 }
 
 impl Status {
@@ -80,6 +155,13 @@ impl Status {
         self.report_now.notify_one();
     }
 
+    /// Ask the reporter to send a report now even if nothing changed: its acknowledgement
+    /// renews the lease and brings the assignment as of now.
+    pub fn confirm_soon(&self) {
+        self.confirmations.fetch_add(1, Ordering::Relaxed);
+        self.report_now.notify_one();
+    }
+
     /// The report to send: the active tasks and the replicas together.
     pub fn full_report(&self) -> Option<WorkerStatus> {
         let mut r = self.report.lock().ok()?.clone();
@@ -98,5 +180,40 @@ impl Status {
             *n += 1;
         }
         self.report_sent.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_holds_for_its_term_after_the_acknowledged_report_was_sent() {
+        let lease = Lease::with_term(Duration::from_millis(200));
+        let start = Instant::now();
+        assert!(lease.check().is_err(), "no report acknowledged yet");
+        assert!(!lease.confirmed_since(start));
+        lease.confirm(start + Duration::from_millis(1));
+        assert!(lease.check().is_ok());
+        assert!(lease.confirmed_since(start));
+        // An older report acknowledged late does not move the lease back.
+        lease.confirm(start);
+        assert!(lease.confirmed_since(start));
+        let dropped = Instant::now() + Duration::from_millis(5);
+        assert!(
+            !lease.confirmed_since(dropped),
+            "a drop after the last report"
+        );
+        while lease.check().is_ok() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        let err = lease.check().expect_err("lapsed");
+        assert!(err.0 >= Duration::from_millis(200), "{err}");
+        lease.confirm(Instant::now());
+        assert!(
+            lease.check().is_ok(),
+            "renewed by the next acknowledged report"
+        );
     }
 }

@@ -23,6 +23,9 @@ pub enum Reason {
     WorkerKafkaUnavailable,
     /// A worker cannot write its state directory (disk full, I/O errors); it retries.
     StateStoreUnavailable,
+    /// An at-least-once worker's reports stopped reaching the API server long enough that it
+    /// stopped writing (its lease lapsed); it resumes once one gets through.
+    WorkerApiServerUnreachable,
     /// A source topic does not exist.
     SourceTopicMissing,
     /// An internal topic has the wrong partition count.
@@ -42,6 +45,7 @@ impl Reason {
             Reason::KafkaCredentialsMissing => "KafkaCredentialsMissing",
             Reason::WorkerKafkaUnavailable => "WorkerKafkaUnavailable",
             Reason::StateStoreUnavailable => "StateStoreUnavailable",
+            Reason::WorkerApiServerUnreachable => "WorkerApiServerUnreachable",
             Reason::SourceTopicMissing => "SourceTopicMissing",
             Reason::InternalTopicMismatch => "InternalTopicMismatch",
             Reason::NotCopartitioned => "NotCopartitioned",
@@ -85,6 +89,7 @@ pub fn from_workers(status: &AppStatus) -> Vec<Problem> {
             let reason = match p.reason {
                 W::KafkaUnavailable => Reason::WorkerKafkaUnavailable,
                 W::StateStoreUnavailable => Reason::StateStoreUnavailable,
+                W::ApiServerUnreachable => Reason::WorkerApiServerUnreachable,
             };
             let since = p
                 .since
