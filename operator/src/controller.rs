@@ -70,6 +70,9 @@ pub struct Ctx {
     pub written: std::sync::Mutex<std::collections::HashMap<String, (i64, Instant)>>,
     /// How every app's workers run (the operator's flags).
     pub workers: resources::WorkerSettings,
+    /// When this operator first saw each worker's current report: silence is measured on
+    /// its own clock.
+    pub report_clock: crate::report_clock::ReportClock,
 }
 
 impl Ctx {
@@ -283,6 +286,7 @@ pub async fn run(
             metrics: metrics.clone(),
             written: Default::default(),
             workers: workers.clone(),
+            report_clock: Default::default(),
         });
         // kube wants a `Sync` trigger: a task's handle is one.
         let mut stop = stop.clone();
@@ -493,6 +497,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     let mut observed = Observed {
         claims: ctx.all_apps().iter().map(|a| a.claim()).collect(),
         pods: observe_pods(&ctx.pods, &ns, &name),
+        report_ages: ctx
+            .report_clock
+            .ages(&uid, &prev.workers, std::time::Instant::now()),
         ..Default::default()
     };
     let own_sts = match sts? {
@@ -527,6 +534,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     }
 
     let mut desired = reconcile::reconcile_with(&app, &observed, &facts, &now, &ctx.workers);
+    if !desired.distrusted.is_empty() {
+        tracing::warn!(app = %raw.id(), "status.assignment holds what the operator did not write, ignored: {}", desired.distrusted.join("; "));
+    }
 
     if !desired.topics.is_empty()
         && let KafkaFacts::Topics(_) = facts
@@ -588,7 +598,6 @@ fn observe_pods(
         );
         return None;
     }
-    let prefix = format!("{app}-");
     Some(
         pods.state()
             .iter()
@@ -596,9 +605,7 @@ fn observe_pods(
             .filter(|p| p.labels().get(INSTANCE).map(String::as_str) == Some(app))
             .filter_map(|p| {
                 let name = p.metadata.name.clone()?;
-                let ordinal = name.strip_prefix(&prefix)?;
-                (!ordinal.is_empty() && ordinal.bytes().all(|b| b.is_ascii_digit()))
-                    .then(|| (name, observe_pod(p)))
+                crate::placement::sanitize::pod_ordinal(app, &name).map(|_| (name, observe_pod(p)))
             })
             .collect(),
     )
@@ -804,6 +811,7 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> Option<se
 /// unreachable Kafka is reported and the finalizer goes.
 async fn cleanup(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     ctx.forget(&raw.uid().unwrap_or_default());
+    ctx.report_clock.forget(&raw.uid().unwrap_or_default());
     ctx.metrics
         .remove_app(&raw.namespace().unwrap_or_default(), &raw.name_any());
     let warn = |reason: &'static str, note: String| async move {

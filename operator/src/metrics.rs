@@ -99,6 +99,9 @@ impl AppSeries {
                     .map(|s| (c.type_.clone(), s.to_string(), i64::from(c.status == *s)))
             })
             .collect();
+        // Workers write these: a malformed task id or a negative lag is left out (it is no
+        // lag of a task), so a worker cannot invent label values or negative series.
+        let well_formed = crate::placement::sanitize::Tasks(None);
         let standby_lag = status
             .workers
             .iter()
@@ -109,7 +112,9 @@ impl AppSeries {
                         TaskRole::Standby => "standby",
                         TaskRole::Warmup => "warmup",
                     };
-                    Some((task.clone(), pod.clone(), role.to_string(), t.lag?))
+                    well_formed.get(task)?;
+                    let lag = t.lag.filter(|l| *l >= 0)?;
+                    Some((task.clone(), pod.clone(), role.to_string(), lag))
                 })
             })
             .collect();
