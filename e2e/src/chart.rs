@@ -296,7 +296,7 @@ mod tests {
 
     fn operator_metrics() -> BTreeSet<String> {
         let m = eddy_operator::metrics::Metrics::default();
-        m.observe(std::time::Duration::ZERO, true);
+        m.observe(std::time::Duration::ZERO, "ok");
         // The per-app families are empty until an app is set.
         let series = eddy_operator::metrics::AppSeries {
             phase: vec![("Running".into(), 1)],

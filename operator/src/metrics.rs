@@ -18,7 +18,7 @@ use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
-    /// `ok` or `error`.
+    /// `ok`, `error`, or `conflict`.
     pub result: String,
 }
 
@@ -243,11 +243,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn observe(&self, took: Duration, ok: bool) {
+    /// A reconcile that took `took`, with its result: `ok`, `error`, or `conflict` (a status
+    /// write refused because the app changed meanwhile; decided again at once).
+    pub fn observe(&self, took: Duration, result: &str) {
         self.duration.observe(took.as_secs_f64());
-        let result = if ok { "ok" } else { "error" }.to_string();
         self.reconciles
-            .get_or_create(&ResultLabels { result })
+            .get_or_create(&ResultLabels {
+                result: result.to_string(),
+            })
             .inc();
     }
 
