@@ -100,13 +100,27 @@ pub struct Assignment {
 /// worker whose report is much older ([`STALE_REPORT_SECONDS`]) for down.
 pub const REPORT_HEARTBEAT_SECONDS: u64 = 5;
 /// A worker report older than this (seconds) makes the operator fail the pod's tasks over.
+/// Measured on the operator's own monotonic clock from when it first saw the report (not from
+/// the report's `updated`, the worker's wall clock).
 pub const STALE_REPORT_SECONDS: u64 = 30;
-/// A worker's lease on its active tasks: under at-least-once a worker that has had no report
-/// acknowledged by the API server for this long, counted from when it sent that report,
-/// stops writing. The operator fails a pod over only [`STALE_REPORT_SECONDS`] after it first
-/// saw the pod's last report, which it cannot have seen before the worker sent it: by then
-/// the lease has been over for 10 s at least.
+/// A worker's lease on its active tasks, in seconds. Under at-least-once, a worker that has
+/// had no report acknowledged by the API server for this long (measured on its own clock from
+/// when it sent that report) stops writing: it drops its tasks' uncommitted work and its
+/// producer's queue before anyone may take them over. (Under exactly-once the new owner
+/// fences it through its transactional id instead.)
+///
+/// Why the operator may fail a silent pod over [`STALE_REPORT_SECONDS`] after it first saw
+/// its last report: the operator cannot see a report before the worker sent it, so the
+/// operator-observed time of the last report is at or after the worker's send time of it.
+/// Failing over 30 s after that observation is therefore at least 30 s after the send, and
+/// at least 10 s after the worker's lease (20 s from the same send) ran out: the worker
+/// stopped writing before a new owner starts, whatever the two clocks read (only their rates
+/// must roughly agree). A later report the operator has not seen yet (its watch lags) would
+/// make its view too old: but a failover is published only by a status write conditioned on
+/// the `resourceVersion` the operator decided from, so a report acknowledged since makes that
+/// write fail and the operator decides again from the newer report.
 pub const WORKER_LEASE_SECONDS: u64 = 20;
+// The margin above: a worker's lease must run out well before the operator may fail it over.
 const _: () = assert!(WORKER_LEASE_SECONDS + 10 <= STALE_REPORT_SECONDS);
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -263,7 +277,43 @@ pub fn crd() -> CustomResourceDefinition {
     topology["minItems"] = json!(1);
     topology["maxItems"] = json!(64);
     topology["items"] = crate::step::schema();
+    bound_status(
+        &mut v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"],
+    );
     serde_json::from_value(v).unwrap_or_default()
+}
+
+/// The most tasks one pod's report or one list of the assignment may name. Far above any
+/// app the status can hold: the API server stores an object of 1.5 MiB at most, about 15,000
+/// task reports in all.
+pub const MAX_STATUS_TASKS: u64 = 65_536;
+
+/// Bounds on what the status may hold, so the chart's admission policy on worker writes
+/// (CEL comparing old and new status) has a bounded cost, and a status cannot be inflated
+/// past what the operator could have written: every pod name and report of an app is one of
+/// its at most `MAX_REPLICAS` pods, a task id is `<sub-topology>_<partition>`, times are RFC 3339.
+fn bound_status(status: &mut Value) {
+    let replicas = json!(crate::manifest::MAX_REPLICAS);
+    let p = &mut status["properties"];
+    p["conditions"]["maxItems"] = json!(16);
+    let a = &mut p["assignment"]["properties"];
+    a["partitions"]["maxItems"] = json!(1024);
+    a["down"]["maxItems"] = replicas.clone();
+    a["down"]["items"]["maxLength"] = json!(253);
+    a["pods"]["maxProperties"] = replicas.clone();
+    let pod = &mut a["pods"]["additionalProperties"]["properties"];
+    for list in ["active", "standby", "warmup"] {
+        pod[list]["maxItems"] = json!(MAX_STATUS_TASKS);
+        pod[list]["items"]["maxLength"] = json!(32);
+    }
+    pod["incarnation"]["maxLength"] = json!(64);
+    p["workers"]["maxProperties"] = replicas;
+    let w = &mut p["workers"]["additionalProperties"]["properties"];
+    w["tasks"]["maxProperties"] = json!(MAX_STATUS_TASKS);
+    w["updated"]["maxLength"] = json!(64);
+    w["incarnation"]["maxLength"] = json!(64);
+    w["queryAddress"]["maxLength"] = json!(512);
+    w["problem"]["properties"]["since"]["maxLength"] = json!(64);
 }
 
 fn fix_formats(v: &mut Value) {

@@ -296,7 +296,7 @@ mod tests {
 
     fn operator_metrics() -> BTreeSet<String> {
         let m = eddy_operator::metrics::Metrics::default();
-        m.observe(std::time::Duration::ZERO, true);
+        m.observe(std::time::Duration::ZERO, "ok");
         // The per-app families are empty until an app is set.
         let series = eddy_operator::metrics::AppSeries {
             phase: vec![("Running".into(), 1)],
@@ -375,5 +375,33 @@ mod tests {
             let refs: BTreeSet<&str> = targets.iter().filter_map(|t| t["refId"].as_str()).collect();
             assert_eq!(refs.len(), targets.len(), "{title}: refIds");
         }
+    }
+
+    /// The worker status policy compares every field of the status but `workers` between the
+    /// old and the new object, by name (CEL cannot drop one field of an object): a status field
+    /// added to the CRD and not to the policy would be writable by every worker.
+    #[test]
+    fn the_worker_status_policy_names_every_status_field() {
+        let path = repo_root()
+            .join(CHART)
+            .join("templates/worker-status-policy.yaml");
+        let policy = std::fs::read_to_string(&path).expect("the policy template");
+        let crd = serde_json::to_value(eddy_crds::resource::crd()).expect("the CRD");
+        let fields = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+            ["status"]["properties"]
+            .as_object()
+            .expect("status properties");
+        let named: BTreeSet<&str> = policy
+            .lines()
+            .filter(|l| l.trim_start().starts_with("{{- range list"))
+            .flat_map(|l| l.split('"').skip(1).step_by(2))
+            .collect();
+        for f in fields.keys().filter(|f| *f != "workers") {
+            assert!(
+                named.contains(f.as_str()),
+                "the policy does not compare status.{f}"
+            );
+        }
+        assert_eq!(named.len(), fields.len() - 1, "{named:?}");
     }
 }

@@ -2,7 +2,7 @@
 //! under a name of its own, driven with its kubectl and helm, stopped when dropped.
 
 use crate::repo_root;
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -125,8 +125,10 @@ impl ControlPlane {
     }
 
     /// What `helm install` of the chart sets up around the operator in `ns`: the namespace,
-    /// the CRD, the operator's ServiceAccount and RBAC. Returns a kubeconfig with exactly the
-    /// ServiceAccount's rights, to run the operator as a local process (release name `t`).
+    /// the CRD, the operator's ServiceAccount and RBAC, and the admission policy that keeps
+    /// each worker pod to its own report in the status (so every operated test runs under
+    /// it). Returns a kubeconfig with exactly the ServiceAccount's rights, to run the operator
+    /// as a local process (release name `t`).
     pub fn install_operator_rbac(&self, ns: &str, dir: &Path) -> Result<PathBuf> {
         self.install_operator_rbac_with(ns, dir, &[])
     }
@@ -151,13 +153,57 @@ impl ControlPlane {
             "templates/serviceaccount.yaml",
             "--show-only",
             "templates/rbac.yaml",
+            "--show-only",
+            "templates/worker-status-policy.yaml",
         ];
         for v in values {
             args.extend(["--set", v]);
         }
         let rbac = self.tool("helm", &args, None)?;
         self.kubectl(&["apply", "-f", "-"], Some(&rbac))?;
+        self.wait_for_status_policy()?;
         self.kubeconfig_for(ns, "t-eddy-operator", dir)
+    }
+
+    /// The API server loads an admission policy and its binding a moment after they are
+    /// created: wait until the policy has been type-checked (its status says which generation
+    /// it checked), so the tests run under it from their start.
+    fn wait_for_status_policy(&self) -> Result<()> {
+        let checked = || {
+            self.kubectl(
+                &[
+                    "get",
+                    "validatingadmissionpolicy",
+                    "t-eddy-operator-worker-status",
+                    "-o",
+                    "jsonpath={.status.observedGeneration}/{.metadata.generation}",
+                ],
+                None,
+            )
+            .map(|s| {
+                let (seen, generation) = s.split_once('/').unwrap_or_default();
+                !seen.is_empty() && seen == generation
+            })
+        };
+        crate::wait_until(Duration::from_secs(60), || Ok(checked().unwrap_or(false)))
+            .context("the worker status policy was never type-checked")?;
+        // An expression that does not type-check against the CRD's schema would fail (and so
+        // deny) every worker's report.
+        let warnings = self.kubectl(
+            &[
+                "get",
+                "validatingadmissionpolicy",
+                "t-eddy-operator-worker-status",
+                "-o",
+                "jsonpath={.status.typeChecking.expressionWarnings}",
+            ],
+            None,
+        )?;
+        ensure!(
+            warnings.trim().is_empty(),
+            "the worker status policy does not type-check: {warnings}"
+        );
+        Ok(())
     }
 
     /// A kubeconfig holding a token of a ServiceAccount: whoever uses it has exactly its rights.

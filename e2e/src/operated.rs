@@ -260,6 +260,34 @@ impl Operated {
         self.dir.path().join("node/pods").join(ns).join(pod)
     }
 
+    /// The pid of a running worker pod's process (the one whose working directory is the
+    /// pod's directory), to freeze it with SIGSTOP as a hung node would be.
+    pub fn worker_pid(&self, ns: &str, pod: &str) -> Result<i32> {
+        let dir = self.pod_dir(ns, pod).canonicalize()?;
+        let pids: Vec<i32> = std::fs::read_dir("/proc")?
+            .flatten()
+            .filter_map(|e| {
+                let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+                std::fs::read_link(e.path().join("cwd"))
+                    .is_ok_and(|c| c == dir)
+                    .then_some(pid)
+            })
+            .collect();
+        match pids[..] {
+            [pid] => Ok(pid),
+            _ => Err(anyhow!("processes running in {}: {pids:?}", dir.display())),
+        }
+    }
+
+    /// `kubectl` with the kubeconfig the pod runner wrote for a pod: a token of its
+    /// ServiceAccount bound to the pod, as its worker has.
+    pub fn kubectl_as_pod(&self, ns: &str, pod: &str, args: &[&str]) -> Result<String> {
+        let kubeconfig = self.pod_dir(ns, pod).join("kubeconfig");
+        let mut all = vec!["--kubeconfig", kubeconfig.to_str().unwrap_or_default()];
+        all.extend_from_slice(args);
+        self.cp.kubectl(&all, None)
+    }
+
     /// A running worker pod's `/metrics`.
     pub fn pod_metrics(&self, ns: &str, pod: &str) -> Result<String> {
         let path = self.pod_dir(ns, pod).join("http");
@@ -410,6 +438,19 @@ impl Operated {
         )?;
         Ok(())
     }
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in its `stat`): `kill(SIGSTOP)` returns
+/// before the process stops.
+pub fn all_threads_stopped(pid: i32) -> Result<bool> {
+    let mut all = true;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // The state follows the command, which is in parentheses and may hold spaces.
+        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+        all &= state == Some('T');
+    }
+    Ok(all)
 }
 
 /// A namespace of one test's own and the topics the test uses, deleted when the test ends,

@@ -1101,3 +1101,227 @@ spec:
     env.delete_apps(ns)?;
     Ok(())
 }
+
+/// What a worker pod (or anyone with the app's status rights) may write into the status is
+/// input, never trusted: with the app's only pod frozen past the failover bound, the status
+/// is forged (a pod of a huge ordinal, a pod that does not exist holding every task, reports
+/// of pods that are not the app's, a peer's report rewritten). The StatefulSet never exceeds
+/// `spec.replicas`, the operator stays up, rewrites the assignment, says so in a Warning
+/// event, and goes on reconciling an app applied afterwards; the app counts on exactly. Then,
+/// under the chart's admission policy, a worker pod's own credentials may write its own
+/// report and nothing else: not a peer's, not the assignment; a token of the worker
+/// ServiceAccount not bound to a pod may write nothing.
+#[test]
+fn a_forged_status_scales_nothing_and_a_worker_writes_only_its_own_report() -> Result<()> {
+    use eddy_e2e::operated::all_threads_stopped;
+    use std::time::Duration;
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let (input, output) = (space.topic("fs-in", 2)?, space.topic("fs-out", 2)?);
+    produce_counts(&input, 200, 10)?;
+    let app = "fs";
+    let exactly_once = "  processingGuarantee: exactly_once\n";
+    env.apply(
+        ns,
+        &app_yaml(app, 1, &env.bs, &input, &output, exactly_once),
+    )?;
+    wait_until(WAIT, || counted(&output, 10, 20)).with_context(|| env.logs())?;
+    let incarnation = |pod: &str| {
+        env.app_json(ns, app)
+            .ok()
+            .and_then(|v| {
+                v["status"]["assignment"]["pods"][pod]["incarnation"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .unwrap_or_default()
+    };
+    wait_until(WAIT, || Ok(!incarnation("fs-0").is_empty())).with_context(|| env.logs())?;
+    let replicas = || env.get(ns, &format!("statefulset/{app}"), "{.spec.replicas}");
+    // Every look at the StatefulSet, from here on: never more pods than spec.replicas.
+    let at_most = |n: i32| -> Result<()> {
+        let r = replicas();
+        ensure!(
+            r.parse::<i32>().is_ok_and(|r| r <= n),
+            "the StatefulSet has {r} replicas, spec.replicas is {n}\n{}",
+            env.logs()
+        );
+        Ok(())
+    };
+
+    // Freeze the only worker until the operator takes it for silent (its entry no longer
+    // names its run).
+    let pid = env.worker_pid(ns, "fs-0")?;
+    // SAFETY: a signal to a process this test's pod runner started.
+    ensure!(
+        unsafe { libc::kill(pid, libc::SIGSTOP) } == 0,
+        "SIGSTOP {pid}"
+    );
+    let forged = (|| -> Result<()> {
+        wait_until(Duration::from_secs(10), || all_threads_stopped(pid))?;
+        wait_until(WAIT, || Ok(incarnation("fs-0").is_empty())).with_context(|| env.logs())?;
+        let tasks = r#"{"active": ["0_0", "0_1"]}"#;
+        let patch = format!(
+            r#"{{"status": {{
+                "assignment": {{"pods": {{"fs-2147483646": {tasks}, "fs-7": {tasks}, "other-0": {tasks}}},
+                    "down": ["fs-2147483646"]}},
+                "workers": {{
+                    "fs-2147483646": {{"globalBacklog": 9223372036854775807, "appliedGeneration": 9223372036854775807}},
+                    "fs-0": {{"globalBacklog": 9223372036854775807,
+                        "tasks": {{"0_0": {{"state": "RUNNING", "restoreBacklog": -5, "lag": -1}}}}}}
+                }}}}}}"#
+        );
+        // As an admin may (the admission policy restricts ServiceAccounts only).
+        env.kubectl(
+            &[
+                "-n",
+                ns,
+                "patch",
+                "ssapp",
+                app,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &patch,
+            ],
+            None,
+        )?;
+        wait_until(WAIT, || {
+            at_most(1)?;
+            let pods = env.get(ns, &format!("ssapp/{app}"), "{.status.assignment.pods}");
+            Ok(!pods.contains("fs-2147483646") && !pods.contains("other-0"))
+        })
+        .with_context(|| env.logs())?;
+        at_most(1)?;
+        let told = || {
+            env.get(
+                ns,
+                "events",
+                "{.items[?(@.reason==\"ForgedStatusIgnored\")].message}",
+            )
+        };
+        wait_until(WAIT, || Ok(told().contains("fs-2147483646")))
+            .with_context(|| format!("events: {}", told()))?;
+        let backlog = env.get(ns, &format!("ssapp/{app}"), "{.status.backlog}");
+        ensure!(
+            backlog.parse::<i64>().is_ok_and(|b| b >= 0),
+            "the backlog reads {backlog}"
+        );
+        Ok(())
+    })();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    forged?;
+
+    // The operators are up, one leads, and an app applied now is reconciled.
+    ensure!(
+        env.leaders() == 1.0,
+        "leaders: {}\n{}",
+        env.leaders(),
+        env.logs()
+    );
+    let (input2, output2) = (space.topic("fs2-in", 1)?, space.topic("fs2-out", 1)?);
+    env.apply(ns, &app_yaml("fs-later", 1, &env.bs, &input2, &output2, ""))?;
+    produce_counts(&input2, 30, 3)?;
+    wait_until(WAIT, || counted(&output2, 3, 10)).with_context(|| env.logs())?;
+    // The frozen worker is back and counts on, exactly.
+    produce_counts(&input, 200, 10)?;
+    wait_until(WAIT, || {
+        at_most(1)?;
+        counted(&output, 10, 40)
+    })
+    .with_context(|| env.logs())?;
+
+    // Two pods, each with its own credentials.
+    env.kubectl(&["-n", ns, "scale", "ssapp", app, "--replicas=2"], None)?;
+    wait_until(WAIT, || {
+        Ok(
+            env.get(ns, &format!("ssapp/{app}"), "{.status.phase}") == "Running"
+                && !incarnation("fs-1").is_empty(),
+        )
+    })
+    .with_context(|| env.logs())?;
+    let patch_status = |pod: &str, body: &str| {
+        env.kubectl_as_pod(
+            ns,
+            pod,
+            &[
+                "-n",
+                ns,
+                "patch",
+                "ssapp",
+                app,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                body,
+            ],
+        )
+    };
+    let refused = |what: &str, r: Result<String>, says: &str| -> Result<()> {
+        match r {
+            Ok(out) => anyhow::bail!("{what} was allowed: {out}"),
+            Err(e) => {
+                let e = format!("{e:#}");
+                ensure!(e.contains("denied") && e.contains(says), "{what}: {e}");
+                Ok(())
+            }
+        }
+    };
+    refused(
+        "fs-0 rewriting fs-1's report",
+        patch_status(
+            "fs-0",
+            r#"{"status": {"workers": {"fs-1": {"queryAddress": "evil.example:9091"}}}}"#,
+        ),
+        "may write only its own report, status.workers.fs-0",
+    )?;
+    refused(
+        "fs-0 writing the assignment",
+        patch_status(
+            "fs-0",
+            r#"{"status": {"assignment": {"pods": {"fs-7": {"active": ["0_0"]}}}}}"#,
+        ),
+        "not status.assignment",
+    )?;
+    refused(
+        "fs-0 writing the backlog",
+        patch_status("fs-0", r#"{"status": {"backlog": 5}}"#),
+        "not status.backlog",
+    )?;
+    // Its own report it may write (its worker does, every few seconds).
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    patch_status(
+        "fs-0",
+        &format!(r#"{{"status": {{"workers": {{"fs-0": {{"updated": "{now}"}}}}}}}}"#),
+    )
+    .with_context(|| env.logs())?;
+    // A token of the worker ServiceAccount that is not bound to a pod writes nothing.
+    let unbound = env.cp.kubeconfig_for(ns, "fs-worker", env.dir.path())?;
+    let r = env.cp.kubectl(
+        &[
+            "--kubeconfig",
+            unbound.to_str().unwrap_or_default(),
+            "-n",
+            ns,
+            "patch",
+            "ssapp",
+            app,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status": {"workers": {"fs-0": {"updated": "2026-01-01T00:00:00Z"}}}}"#,
+        ],
+        None,
+    );
+    refused("an unbound token", r, "bound to no pod")?;
+    // The peer's report is its own still.
+    let peer = env.app_json(ns, app)?["status"]["workers"]["fs-1"].clone();
+    ensure!(
+        peer.is_object() && peer["queryAddress"] != "evil.example:9091",
+        "fs-1's report: {peer}"
+    );
+    env.delete_apps(ns)?;
+    Ok(())
+}

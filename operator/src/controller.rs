@@ -49,6 +49,10 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// The API server refused a status write that changes the assignment because the app
+    /// changed since the reconcile read it (409): decided again from the newer app at once.
+    #[error("the app changed since it was read: its assignment is decided again")]
+    Conflict,
 }
 
 pub struct Ctx {
@@ -70,6 +74,9 @@ pub struct Ctx {
     pub written: std::sync::Mutex<std::collections::HashMap<String, (i64, Instant)>>,
     /// How every app's workers run (the operator's flags).
     pub workers: resources::WorkerSettings,
+    /// When this operator first saw each worker's current report: silence is measured on
+    /// its own clock.
+    pub report_clock: crate::report_clock::ReportClock,
 }
 
 impl Ctx {
@@ -283,6 +290,7 @@ pub async fn run(
             metrics: metrics.clone(),
             written: Default::default(),
             workers: workers.clone(),
+            report_clock: Default::default(),
         });
         // kube wants a `Sync` trigger: a task's handle is one.
         let mut stop = stop.clone();
@@ -345,8 +353,18 @@ async fn reconcile_app(app: Arc<RawApp>, ctx: Arc<Ctx>) -> Result<Action, Error>
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(e.to_string()));
-    ctx.metrics.observe(started.elapsed(), result.is_ok());
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(Error::Conflict) => Error::Conflict,
+        e => Error::Finalizer(e.to_string()),
+    });
+    ctx.metrics.observe(
+        started.elapsed(),
+        match &result {
+            Ok(_) => "ok",
+            Err(Error::Conflict) => "conflict",
+            Err(_) => "error",
+        },
+    );
     // An app gone without a cleanup this replica saw (its finalizer removed by hand).
     ctx.metrics.retain_apps(|ns, name| {
         let key = ObjectRef::<RawApp>::new(name).within(ns);
@@ -356,6 +374,12 @@ async fn reconcile_app(app: Arc<RawApp>, ctx: Arc<Ctx>) -> Result<Action, Error>
 }
 
 fn error_policy(app: Arc<RawApp>, error: &Error, _ctx: Arc<Ctx>) -> Action {
+    if let Error::Conflict = error {
+        // Nothing failed: the app moved on (a worker's report, most likely) while this
+        // reconcile decided; decide again from the newer app.
+        tracing::debug!(app = %app.id(), "{error}");
+        return Action::requeue(Duration::ZERO);
+    }
     tracing::warn!(app = %app.id(), "reconcile failed: {error}");
     Action::requeue(Duration::from_secs(10))
 }
@@ -493,6 +517,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     let mut observed = Observed {
         claims: ctx.all_apps().iter().map(|a| a.claim()).collect(),
         pods: observe_pods(&ctx.pods, &ns, &name),
+        report_ages: ctx
+            .report_clock
+            .ages(&uid, &prev.workers, std::time::Instant::now()),
         ..Default::default()
     };
     let own_sts = match sts? {
@@ -527,6 +554,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     }
 
     let mut desired = reconcile::reconcile_with(&app, &observed, &facts, &now, &ctx.workers);
+    if !desired.distrusted.is_empty() {
+        tracing::warn!(app = %raw.id(), "status.assignment holds what the operator did not write, ignored: {}", desired.distrusted.join("; "));
+    }
 
     if !desired.topics.is_empty()
         && let KafkaFacts::Topics(_) = facts
@@ -588,7 +618,6 @@ fn observe_pods(
         );
         return None;
     }
-    let prefix = format!("{app}-");
     Some(
         pods.state()
             .iter()
@@ -596,9 +625,7 @@ fn observe_pods(
             .filter(|p| p.labels().get(INSTANCE).map(String::as_str) == Some(app))
             .filter_map(|p| {
                 let name = p.metadata.name.clone()?;
-                let ordinal = name.strip_prefix(&prefix)?;
-                (!ordinal.is_empty() && ordinal.bytes().all(|b| b.is_ascii_digit()))
-                    .then(|| (name, observe_pod(p)))
+                crate::placement::sanitize::pod_ordinal(app, &name).map(|_| (name, observe_pod(p)))
             })
             .collect(),
     )
@@ -750,6 +777,13 @@ async fn apply_objects(
 /// per pod), so the operator leaves them alone except to remove entries of pods that are
 /// gone; and a merge patch only removes map keys it sets to null, which the diff does for
 /// every key dropped.
+///
+/// A patch that changes the assignment is conditioned on the `resourceVersion` of the app
+/// this reconcile read ([`status_patch`]): refused (409, [`Error::Conflict`]) if the app
+/// changed since. So an assignment is only ever decided from the latest status: a deposed
+/// leader's in-flight write, or one decided from a lagging watch cache, cannot publish a
+/// second assignment under a generation already used, nor fail a pod over on a report older
+/// than its newest (see `eddy_crds::resource::WORKER_LEASE_SECONDS`).
 async fn patch_status(
     app: &RawApp,
     ctx: &Ctx,
@@ -759,16 +793,41 @@ async fn patch_status(
         Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
     let old = app.status.clone().unwrap_or_else(|| serde_json::json!({}));
     let new = serde_json::to_value(status)?;
-    let Some(diff) = merge_diff(&old, &new) else {
+    let Some(patch) = status_patch(&old, &new, app.metadata.resource_version.as_deref()) else {
         return Ok(());
     };
-    api.patch_status(
-        &app.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"status": diff})),
-    )
-    .await?;
-    Ok(())
+    match api
+        .patch_status(
+            &app.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Conflict),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The merge patch turning status `old` into `new` (None: nothing changed). Only a change of
+/// the assignment carries `metadata.resourceVersion` (the app as read) as a precondition:
+/// workers write their reports every 250 ms to 5 s, so a precondition on every status write
+/// would be refused again and again on a busy app; a write of everything else (phase,
+/// conditions, the backlog, dropping a gone pod's report) decided from a status a moment old
+/// is corrected by the next reconcile and publishes nothing workers act on.
+pub fn status_patch(
+    old: &serde_json::Value,
+    new: &serde_json::Value,
+    resource_version: Option<&str>,
+) -> Option<serde_json::Value> {
+    let diff = merge_diff(old, new)?;
+    Some(match resource_version {
+        Some(rv) if diff.get("assignment").is_some() => {
+            serde_json::json!({"metadata": {"resourceVersion": rv}, "status": diff})
+        }
+        _ => serde_json::json!({"status": diff}),
+    })
 }
 
 /// The RFC 7386 merge patch turning `old` into `new`, or None if they are equal.
@@ -804,6 +863,7 @@ pub fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> Option<se
 /// unreachable Kafka is reported and the finalizer goes.
 async fn cleanup(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     ctx.forget(&raw.uid().unwrap_or_default());
+    ctx.report_clock.forget(&raw.uid().unwrap_or_default());
     ctx.metrics
         .remove_app(&raw.namespace().unwrap_or_default(), &raw.name_any());
     let warn = |reason: &'static str, note: String| async move {
@@ -883,7 +943,7 @@ pub async fn install_crd(client: Client) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Scope, merge_diff, observe_pod};
+    use super::{Scope, merge_diff, observe_pod, status_patch};
     use crate::placement::PodObserved;
     use serde_json::json;
 
@@ -978,5 +1038,28 @@ mod tests {
             Some(json!({"pods": {"p0": {"x": [1, 2]}, "p1": null}}))
         );
         assert_eq!(merge_diff(&new, &new), None);
+    }
+
+    #[test]
+    fn only_a_change_of_the_assignment_is_conditioned_on_the_version_read() {
+        let old = json!({"phase": "Running", "assignment": {"generation": 3, "pods": {}},
+            "workers": {"a-0": {"appliedGeneration": 3}}});
+        let mut new = old.clone();
+        new["phase"] = json!("Pending");
+        new["workers"] = json!({});
+        assert_eq!(
+            status_patch(&old, &new, Some("17")),
+            Some(json!({"status": {"phase": "Pending", "workers": {"a-0": null}}})),
+            "reports and phase change every few seconds: no precondition"
+        );
+        new["assignment"]["generation"] = json!(4);
+        assert_eq!(
+            status_patch(&old, &new, Some("17")),
+            Some(
+                json!({"metadata": {"resourceVersion": "17"}, "status": {"phase": "Pending",
+                "workers": {"a-0": null}, "assignment": {"generation": 4}}})
+            )
+        );
+        assert_eq!(status_patch(&old, &old, Some("17")), None);
     }
 }

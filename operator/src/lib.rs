@@ -12,4 +12,5 @@ pub mod leader;
 pub mod metrics;
 pub mod placement;
 pub mod reconcile;
+pub mod report_clock;
 pub mod resources;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
-    /// `ok` or `error`.
+    /// `ok`, `error`, or `conflict`.
     pub result: String,
 }
 
@@ -99,6 +99,9 @@ impl AppSeries {
                     .map(|s| (c.type_.clone(), s.to_string(), i64::from(c.status == *s)))
             })
             .collect();
+        // Workers write these: a malformed task id or a negative lag is left out (it is no
+        // lag of a task), so a worker cannot invent label values or negative series.
+        let well_formed = crate::placement::sanitize::Tasks(None);
         let standby_lag = status
             .workers
             .iter()
@@ -109,7 +112,9 @@ impl AppSeries {
                         TaskRole::Standby => "standby",
                         TaskRole::Warmup => "warmup",
                     };
-                    Some((task.clone(), pod.clone(), role.to_string(), t.lag?))
+                    well_formed.get(task)?;
+                    let lag = t.lag.filter(|l| *l >= 0)?;
+                    Some((task.clone(), pod.clone(), role.to_string(), lag))
                 })
             })
             .collect();
@@ -238,11 +243,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn observe(&self, took: Duration, ok: bool) {
+    /// A reconcile that took `took`, with its result: `ok`, `error`, or `conflict` (a status
+    /// write refused because the app changed meanwhile; decided again at once).
+    pub fn observe(&self, took: Duration, result: &str) {
         self.duration.observe(took.as_secs_f64());
-        let result = if ok { "ok" } else { "error" }.to_string();
         self.reconciles
-            .get_or_create(&ResultLabels { result })
+            .get_or_create(&ResultLabels {
+                result: result.to_string(),
+            })
             .inc();
     }
 

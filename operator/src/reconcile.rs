@@ -40,6 +40,10 @@ pub struct Observed {
     pub pods: Option<BTreeMap<String, PodObserved>>,
     /// The app's own worker StatefulSet, if it exists.
     pub stateful_set: Option<OwnStatefulSet>,
+    /// Per pod with a report: seconds since the operator first saw its current report, on
+    /// the operator's own clock ([`crate::report_clock`]); a pod missing here counts as just
+    /// seen.
+    pub report_ages: BTreeMap<String, u64>,
 }
 
 /// What the app's own StatefulSet shows, for the lifecycle events.
@@ -92,6 +96,10 @@ pub struct Desired {
     pub problems: Vec<Problem>,
     /// What the assignor is doing (None when it did not run: the app cannot be placed).
     pub progress: Option<placement::Progress>,
+    /// What the operator ignored in a previous assignment it did not write (pods that are
+    /// not the app's, tasks it does not have, a forged generation), for the log; also told
+    /// by a `ForgedStatusIgnored` Warning event.
+    pub distrusted: Vec<String>,
 }
 
 impl Desired {
@@ -250,6 +258,9 @@ pub fn reconcile_with(
     let mut topics_to_create = Vec::new();
     let mut events = Vec::new();
     let mut progress = None;
+    let mut distrusted = Vec::new();
+    // The tasks the app has, once Kafka said (reports are checked against them).
+    let mut known_partitions: Option<Vec<i32>> = None;
     if problems.is_empty() {
         match kafka {
             KafkaFacts::Unreachable(e) => {
@@ -273,6 +284,7 @@ pub fn reconcile_with(
                         e.to_string(),
                     )),
                     Ok((internal, partitions)) => {
+                        known_partitions = Some(partitions.clone());
                         for t in &internal {
                             match existing.get(&t.name) {
                                 Some(&n) if n != t.partitions => problems.push(Problem::new(
@@ -286,18 +298,43 @@ pub fn reconcile_with(
                                 None => topics_to_create.push(t.clone()),
                             }
                         }
+                        let known = placement::sanitize::Tasks(Some(&partitions));
+                        let previous = prev
+                            .assignment
+                            .as_ref()
+                            .map(|a| placement::sanitize::assignment(&name, known, a));
+                        if let Some(p) = previous.as_ref().filter(|p| !p.dropped.is_empty()) {
+                            distrusted.clone_from(&p.dropped);
+                            events.push(Event {
+                                warning: true,
+                                reason: "ForgedStatusIgnored".into(),
+                                message: format!(
+                                    "status.assignment holds what the operator did not write, ignored and rewritten: {}; whoever may patch this app's status wrote it (its workers' ServiceAccount, unless the chart's admission policy is on: see docs/operator.md, \"Trust boundary\")",
+                                    p.dropped.join("; ")
+                                ),
+                            });
+                        }
+                        let reports = placement::sanitize::reports(&name, known, &prev.workers);
                         let placed = place(
                             app,
-                            &name,
-                            replicas,
-                            &layout,
-                            &partitions,
+                            &Placing {
+                                name: &name,
+                                replicas,
+                                layout: &layout,
+                                partitions: &partitions,
+                                previous: previous.as_ref().map(|p| &p.assignment),
+                                reports: &reports,
+                            },
                             observed,
                             &prev,
                             now,
                         );
                         if let Some(o) = objects.as_mut() {
-                            o.stateful_set.spec.replicas = Some(placed.stateful_set_replicas);
+                            o.stateful_set.spec.replicas = Some(cap_replicas(
+                                placed.stateful_set_replicas,
+                                replicas,
+                                observed.stateful_set.as_ref(),
+                            ));
                         }
                         let acceptable = acceptable_lag(app);
                         events.extend(
@@ -321,8 +358,9 @@ pub fn reconcile_with(
         && let Some(o) = objects.as_mut()
         && o.stateful_set.spec.replicas == Some(replicas)
     {
+        let hold = placement::hold_replicas(&name, replicas, prev.assignment.as_ref());
         o.stateful_set.spec.replicas =
-            Some(placement::hold_replicas(replicas, prev.assignment.as_ref()));
+            Some(cap_replicas(hold, replicas, observed.stateful_set.as_ref()));
     }
 
     let lifecycle = match objects.as_mut() {
@@ -342,12 +380,14 @@ pub fn reconcile_with(
         let exists = observed.pods.as_ref().is_some_and(|p| p.contains_key(pod));
         assigned || exists
     });
-    status.backlog = status
-        .workers
-        .values()
-        .map(|w| w.global_backlog + w.tasks.values().map(|t| t.restore_backlog).sum::<i64>())
-        .sum();
-    problems.extend(problems::from_workers(&status));
+    // Only the reports of the app's own pods count, their numbers bounded ([`sanitize`]).
+    let reports = placement::sanitize::reports(
+        &name,
+        placement::sanitize::Tasks(known_partitions.as_deref()),
+        &status.workers,
+    );
+    status.backlog = placement::sanitize::backlog(&reports);
+    problems.extend(problems::from_workers(&reports));
 
     conclude(
         &mut status,
@@ -367,7 +407,20 @@ pub fn reconcile_with(
         lifecycle,
         problems,
         progress,
+        distrusted,
     }
+}
+
+/// The StatefulSet's replicas to write: what the assignor asks (`wanted`: `spec.replicas`, or
+/// more while leaving pods drain), but never more than `spec.replicas` or the StatefulSet
+/// already has, and never more than `MAX_REPLICAS`. A drain only ever keeps pods that exist;
+/// growing the StatefulSet past both could only come from a pod name someone else wrote into
+/// the status.
+pub fn cap_replicas(wanted: i32, replicas: i32, observed: Option<&OwnStatefulSet>) -> i32 {
+    let has = observed.map_or(0, |s| s.replicas);
+    wanted
+        .min(replicas.max(has))
+        .min(eddy_crds::manifest::MAX_REPLICAS)
 }
 
 /// The lifecycle steps applying `desired` takes, as Normal events: the StatefulSet created,
@@ -434,27 +487,34 @@ pub fn acceptable_lag(app: &StatefulStreamApp) -> i64 {
         .unwrap_or(eddy_crds::spec::WarmupSpec::DEFAULT_ACCEPTABLE_RECOVERY_LAG)
 }
 
+/// What the assignor places for an app: its pods and tasks, the previous assignment and the
+/// reports, the last two sanitized ([`placement::sanitize`]).
+struct Placing<'a> {
+    name: &'a str,
+    replicas: i32,
+    layout: &'a [topics::SubLayout],
+    partitions: &'a [i32],
+    previous: Option<&'a eddy_crds::resource::Assignment>,
+    reports: &'a BTreeMap<String, eddy_crds::resource::WorkerStatus>,
+}
+
 /// Run the assignor for this app: the pods' health from what was observed and the workers'
 /// reports, and the spec's standby and warm-up settings.
-#[allow(clippy::too_many_arguments)]
 fn place(
     app: &StatefulStreamApp,
-    name: &str,
-    replicas: i32,
-    layout: &[topics::SubLayout],
-    partitions: &[i32],
+    p: &Placing,
     observed: &Observed,
     prev: &AppStatus,
     now: &str,
 ) -> placement::Placement {
     let health = observed.pods.as_ref().map(|pods| {
-        let names = placement::pods_to_watch(name, replicas, prev.assignment.as_ref());
-        // An unreadable clock (unit tests pass labels) judges no report stale.
+        let names = placement::pods_to_watch(p.name, p.replicas, p.previous);
+        // An unreadable clock (unit tests pass labels) judges no pod late to start.
         let now = now.parse().unwrap_or(k8s_openapi::jiff::Timestamp::MIN);
         let fenced = app.spec.processing_guarantee == ProcessingGuarantee::ExactlyOnce;
-        placement::health::assess(&names, pods, &prev.workers, now, fenced)
+        placement::health::assess(&names, pods, p.reports, &observed.report_ages, now, fenced)
     });
-    let stateful: Vec<bool> = layout.iter().map(|s| !s.stores.is_empty()).collect();
+    let stateful: Vec<bool> = p.layout.iter().map(|s| !s.stores.is_empty()).collect();
     let warmup = app.spec.warmup.clone().unwrap_or_default();
     let previous_reason = prev
         .conditions
@@ -462,13 +522,13 @@ fn place(
         .find(|c| c.type_ == "Progressing")
         .and_then(|c| placement::Reason::parse(&c.reason));
     placement::place(&placement::Input {
-        app: name,
-        partitions,
+        app: p.name,
+        partitions: p.partitions,
         stateful: &stateful,
-        replicas,
+        replicas: p.replicas,
         health: health.as_ref(),
-        previous: prev.assignment.as_ref(),
-        reports: &prev.workers,
+        previous: p.previous,
+        reports: p.reports,
         standby_replicas: usize::try_from(app.spec.num_standby_replicas.unwrap_or(0)).unwrap_or(0),
         max_warmups: usize::try_from(
             warmup
@@ -503,6 +563,7 @@ pub fn unreadable(meta: &ObjectMeta, prev: &AppStatus, message: &str, now: &str)
         status,
         problems,
         progress: None,
+        distrusted: Vec::new(),
     }
 }
 
@@ -974,7 +1035,14 @@ mod tests {
         // pv-1 still reports them, so the StatefulSet keeps it and its report stays.
         let mut smaller = app(&PV.replace("replicas: 2", "replicas: 1"));
         smaller.status = Some(report(&first, TaskState::Running, 0));
-        let d = reconcile(&smaller, &Observed::default(), &facts, "t1");
+        let two = Observed {
+            stateful_set: Some(OwnStatefulSet {
+                replicas: 2,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let d = reconcile(&smaller, &two, &facts, "t1");
         let sts = |d: &Desired| {
             d.objects
                 .as_ref()
@@ -1106,6 +1174,186 @@ mod tests {
             "{env:?}"
         );
         assert_eq!(pod.containers[1].image.as_deref(), Some("envoy"));
+    }
+
+    /// The reproduced attack: the app's only pod silent past the failover bound, and a status
+    /// naming a pod of a huge ordinal, pods that do not exist, unknown tasks, a generation of
+    /// i64::MAX, backlogs that overflow a sum. The operator writes a StatefulSet of
+    /// `spec.replicas`, an assignment of the app's own pods and tasks under a new generation
+    /// above what the workers applied, and says what it ignored.
+    #[test]
+    fn a_forged_status_scales_nothing_and_is_rewritten() {
+        let one = PV.replace("replicas: 2", "replicas: 1");
+        let facts = kafka(&[("views", 2), ("out", 2)]);
+        let first = reconcile(&app(&one), &Observed::default(), &facts, "t0");
+        let mut status = report(&first, TaskState::Running, i64::MAX);
+        if let Some(w) = status.workers.get_mut("pv-0") {
+            w.global_backlog = i64::MAX;
+            w.updated = Some("2026-01-01T00:00:01Z".into());
+        }
+        let applied = first.status.assignment.as_ref().map_or(0, |a| a.generation);
+        let mut a = status.assignment.clone().expect("assignment");
+        let everything = a.pods["pv-0"].clone();
+        for pod in ["pv-2147483646", "pv-999", "other-0"] {
+            a.pods.insert(pod.into(), everything.clone());
+        }
+        a.pods
+            .get_mut("pv-0")
+            .expect("pv-0")
+            .active
+            .push("5_5".into());
+        a.down.push("pv-2147483646".into());
+        a.generation = i64::MAX;
+        status.assignment = Some(a);
+        // A report of a pod of another app, and one of a huge ordinal.
+        for pod in ["other-0", "pv-2147483646"] {
+            status.workers.insert(
+                pod.into(),
+                WorkerStatus {
+                    global_backlog: i64::MAX,
+                    applied_generation: i64::MAX,
+                    ..Default::default()
+                },
+            );
+        }
+        let mut forged = app(&one);
+        forged.status = Some(status);
+        let started = "2026-01-01T00:00:00Z".parse().expect("time");
+        let observed = Observed {
+            pods: Some(BTreeMap::from([(
+                "pv-0".to_string(),
+                PodObserved::Running { started },
+            )])),
+            stateful_set: Some(OwnStatefulSet {
+                replicas: 1,
+                ..Default::default()
+            }),
+            // pv-0's report was first seen 45 s ago: it is down.
+            report_ages: BTreeMap::from([("pv-0".to_string(), 45)]),
+            ..Default::default()
+        };
+        let d = reconcile(&forged, &observed, &facts, "2026-01-01T00:00:46Z");
+        let sts = d
+            .objects
+            .as_ref()
+            .and_then(|o| o.stateful_set.spec.replicas);
+        assert_eq!(sts, Some(1), "the StatefulSet stays at spec.replicas");
+        let a = d.status.assignment.clone().expect("assignment");
+        let pods: Vec<&str> = a.pods.keys().map(String::as_str).collect();
+        assert!(
+            pods.iter().all(|p| ["pv-0", "pv-999"].contains(p)),
+            "{pods:?}"
+        );
+        assert!(a.down.iter().all(|p| p == "pv-0" || p == "pv-999"), "{a:?}");
+        assert!(
+            a.pods
+                .values()
+                .flat_map(|t| &t.active)
+                .all(|id| id.starts_with("0_") || id.starts_with("1_")),
+            "{a:?}"
+        );
+        assert_eq!(a.generation, applied + 1);
+        assert_eq!(d.status.backlog, i64::MAX, "the sum saturates");
+        assert!(
+            !d.status.workers.contains_key("pv-2147483646")
+                && !d.status.workers.contains_key("other-0"),
+            "reports of pods that are not the app's go"
+        );
+        let told: Vec<&Event> = d
+            .events
+            .iter()
+            .filter(|e| e.reason == "ForgedStatusIgnored")
+            .collect();
+        assert_eq!(told.len(), 1, "{:?}", d.events);
+        assert!(
+            told[0].warning && told[0].message.contains("pv-2147483646"),
+            "{:?}",
+            told
+        );
+        assert!(told[0].message.contains("5_5") && told[0].message.contains(&i64::MAX.to_string()));
+        assert!(!d.distrusted.is_empty());
+
+        // Written back, the status is the operator's own again: nothing more to say.
+        let mut again = app(&one);
+        again.status = Some(d.status.clone());
+        let d2 = reconcile(&again, &observed, &facts, "2026-01-01T00:00:47Z");
+        assert!(d2.distrusted.is_empty(), "{:?}", d2.distrusted);
+        assert!(d2.events.iter().all(|e| e.reason != "ForgedStatusIgnored"));
+
+        // Kafka unreachable: no placement, and the StatefulSet still does not grow.
+        let d = reconcile(
+            &forged,
+            &observed,
+            &KafkaFacts::Unreachable("down".into()),
+            "t9",
+        );
+        let sts = d
+            .objects
+            .as_ref()
+            .and_then(|o| o.stateful_set.spec.replicas);
+        assert_eq!(sts, Some(1));
+    }
+
+    #[test]
+    fn the_stateful_set_never_grows_past_spec_or_what_it_has() {
+        let has = |n: i32| OwnStatefulSet {
+            replicas: n,
+            ..Default::default()
+        };
+        assert_eq!(cap_replicas(5, 2, None), 2, "a new StatefulSet");
+        assert_eq!(
+            cap_replicas(3, 1, Some(&has(3))),
+            3,
+            "a drain keeps its pods"
+        );
+        assert_eq!(cap_replicas(1000, 1, Some(&has(3))), 3);
+        assert_eq!(cap_replicas(4, 4, Some(&has(1))), 4, "scaling out");
+        assert_eq!(cap_replicas(i32::MAX, i32::MAX, Some(&has(i32::MAX))), 1000);
+    }
+
+    /// A worker silent for 31 s on the operator's clock is failed over whatever its report's
+    /// time says; one seen a moment ago is up even if its clock is far behind.
+    #[test]
+    fn silence_is_the_operators_own_observation() {
+        let facts = kafka(&[("views", 2), ("out", 2)]);
+        let first = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        let mut status = report(&first, TaskState::Running, 0);
+        for w in status.workers.values_mut() {
+            // A clock an hour behind the operator's.
+            w.updated = Some("2026-01-01T00:00:10Z".into());
+        }
+        let mut a = app(PV);
+        a.status = Some(status);
+        let started = "2026-01-01T00:00:00Z".parse().expect("time");
+        let pods: BTreeMap<String, PodObserved> = ["pv-0", "pv-1"]
+            .iter()
+            .map(|p| (p.to_string(), PodObserved::Running { started }))
+            .collect();
+        let now = "2026-01-01T01:00:00Z";
+        let seen = |ages: &[(&str, u64)]| Observed {
+            pods: Some(pods.clone()),
+            report_ages: ages.iter().map(|(p, s)| (p.to_string(), *s)).collect(),
+            ..Default::default()
+        };
+        let d = reconcile(&a, &seen(&[("pv-0", 1), ("pv-1", 2)]), &facts, now);
+        assert!(
+            d.status
+                .assignment
+                .as_ref()
+                .is_some_and(|a| a.down.is_empty())
+        );
+        let d = reconcile(&a, &seen(&[("pv-0", 1), ("pv-1", 31)]), &facts, now);
+        assert_eq!(
+            d.status.assignment.as_ref().map(|a| a.down.clone()),
+            Some(vec!["pv-1".to_string()])
+        );
+        assert!(
+            d.events
+                .iter()
+                .any(|e| e.reason == "TasksFailedOver" && e.message.contains("31s")),
+            "{:?}",
+            d.events
+        );
     }
 
     fn degraded(d: &Desired) -> (String, String) {

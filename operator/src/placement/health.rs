@@ -77,15 +77,24 @@ impl Health {
 }
 
 /// The health of each pod named in `names`, from the observed pods (absent: no Pod object),
-/// the workers' reports and the time. A report counts only when the pod's current container
-/// made it (not older than its start: a restarted pod's previous report says nothing of it);
-/// the container and the worker share the node's clock. `fenced`: the app runs exactly-once,
-/// so a terminating pod's tasks can move at once (their new owners fence it); otherwise a
+/// the workers' reports, how long ago the operator first saw each pod's current report
+/// (`seen`, seconds on its own monotonic clock; a report missing there was just seen) and
+/// the time.
+///
+/// Silence is measured on the operator's clock, as client-go's leader election measures a
+/// lease (`observedTime`), never by the worker's `updated` against the operator's `now`:
+/// a worker's clock running behind, or a watch cache lagging, would fail a pod over early,
+/// before its worker's lease provably lapsed (see [`eddy_crds::resource::WORKER_LEASE_SECONDS`]).
+/// A report counts only when the pod's current container made it (not older than its start:
+/// a restarted pod's previous report says nothing of it); the container's start and the
+/// report's `updated` are both the node's clock. `fenced`: the app runs exactly-once, so a
+/// terminating pod's tasks can move at once (their new owners fence it); otherwise a
 /// terminating pod is [`Health::Stopping`] until gone, or silent.
 pub fn assess<'a>(
     names: impl IntoIterator<Item = &'a String>,
     pods: &BTreeMap<String, PodObserved>,
     reports: &BTreeMap<String, WorkerStatus>,
+    seen: &BTreeMap<String, u64>,
     now: Timestamp,
     fenced: bool,
 ) -> BTreeMap<String, Health> {
@@ -98,6 +107,7 @@ pub fn assess<'a>(
             .and_then(|w| w.updated.as_deref())
             .and_then(|u| u.parse::<Timestamp>().ok())
     };
+    let age = |name: &String| seen.get(name).copied().unwrap_or(0);
     names
         .into_iter()
         .map(|name| {
@@ -105,8 +115,8 @@ pub fn assess<'a>(
                 None => Health::Down(DownCause::Gone),
                 Some(PodObserved::Terminating) if fenced => Health::Down(DownCause::Terminating),
                 Some(PodObserved::Terminating) => match last_report(name) {
-                    Some(u) if secs(u) <= STALE_REPORT_SECONDS => Health::Stopping,
-                    Some(u) => Health::Down(DownCause::Silent(secs(u))),
+                    Some(_) if age(name) <= STALE_REPORT_SECONDS => Health::Stopping,
+                    Some(_) => Health::Down(DownCause::Silent(age(name))),
                     None => Health::Down(DownCause::Terminating),
                 },
                 Some(PodObserved::Failing { reason }) => {
@@ -119,8 +129,8 @@ pub fn assess<'a>(
                 Some(PodObserved::Running { started }) => {
                     let report = last_report(name).filter(|u| u >= started);
                     match report {
-                        Some(u) if secs(u) > STALE_REPORT_SECONDS => {
-                            Health::Down(DownCause::Silent(secs(u)))
+                        Some(_) if age(name) > STALE_REPORT_SECONDS => {
+                            Health::Down(DownCause::Silent(age(name)))
                         }
                         Some(_) => Health::Up,
                         None if secs(*started) > STALE_REPORT_SECONDS => {
@@ -155,11 +165,79 @@ mod tests {
         judge(pod, report, true)
     }
 
+    /// The report's age on the operator's clock, as if it had been seen as soon as it was made
+    /// by a worker whose clock agrees with the operator's.
     fn judge(pod: Option<PodObserved>, report: Option<WorkerStatus>, fenced: bool) -> Health {
+        let now = at("2026-01-01T00:01:00Z");
+        let age = report
+            .as_ref()
+            .and_then(|r| r.updated.as_deref())
+            .map(|u| u64::try_from(now.as_second() - at(u).as_second()).unwrap_or(0));
+        judge_seen(pod, report, age, fenced)
+    }
+
+    fn judge_seen(
+        pod: Option<PodObserved>,
+        report: Option<WorkerStatus>,
+        seen: Option<u64>,
+        fenced: bool,
+    ) -> Health {
         let name = "a-0".to_string();
         let pods = pod.into_iter().map(|p| (name.clone(), p)).collect();
         let reports = report.into_iter().map(|r| (name.clone(), r)).collect();
-        assess([&name], &pods, &reports, at("2026-01-01T00:01:00Z"), fenced)[&name].clone()
+        let seen = seen.into_iter().map(|s| (name.clone(), s)).collect();
+        let now = at("2026-01-01T00:01:00Z");
+        assess([&name], &pods, &reports, &seen, now, fenced)[&name].clone()
+    }
+
+    /// A worker whose clock is off, or a report that reached the operator late, is judged by
+    /// when the operator first saw the report, not by the time written in it.
+    #[test]
+    fn silence_is_measured_on_the_operators_clock() {
+        let running = || {
+            Some(PodObserved::Running {
+                started: at("2026-01-01T00:00:00Z"),
+            })
+        };
+        // The worker's clock is 10 minutes behind (its report says 23:50 while the operator
+        // reads 00:01), but the operator saw this report 2 s ago: up.
+        let behind = || {
+            Some(WorkerStatus {
+                updated: Some("2026-01-01T00:00:05Z".into()),
+                ..Default::default()
+            })
+        };
+        assert_eq!(judge_seen(running(), behind(), Some(2), true), Health::Up);
+        assert_eq!(
+            judge_seen(running(), behind(), None, true),
+            Health::Up,
+            "a report not seen before counts as just seen"
+        );
+        assert_eq!(
+            judge_seen(running(), behind(), Some(STALE_REPORT_SECONDS), true),
+            Health::Up
+        );
+        assert_eq!(
+            judge_seen(running(), behind(), Some(STALE_REPORT_SECONDS + 1), true),
+            Health::Down(DownCause::Silent(STALE_REPORT_SECONDS + 1))
+        );
+        // A clock ahead does not keep a silent worker up either.
+        let ahead = || {
+            Some(WorkerStatus {
+                updated: Some("2026-01-01T01:00:00Z".into()),
+                ..Default::default()
+            })
+        };
+        assert_eq!(
+            judge_seen(running(), ahead(), Some(40), true),
+            Health::Down(DownCause::Silent(40))
+        );
+        let t = || Some(PodObserved::Terminating);
+        assert_eq!(judge_seen(t(), behind(), Some(3), false), Health::Stopping);
+        assert_eq!(
+            judge_seen(t(), behind(), Some(31), false),
+            Health::Down(DownCause::Silent(31))
+        );
     }
 
     #[test]

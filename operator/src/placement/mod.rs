@@ -18,6 +18,7 @@
 
 pub mod active;
 pub mod health;
+pub mod sanitize;
 pub mod standby;
 pub mod warmup;
 
@@ -153,25 +154,27 @@ pub fn pod_name(app: &str, ordinal: i32) -> String {
     format!("{app}-{ordinal}")
 }
 
-/// The pods whose health the assignor needs: the desired ones and every pod the previous
-/// assignment names.
+/// The pods whose health the assignor needs: the desired ones and every pod of the app the
+/// previous assignment names.
 pub fn pods_to_watch(app: &str, replicas: i32, previous: Option<&Assignment>) -> BTreeSet<String> {
-    (0..replicas.max(0))
+    (0..replicas.clamp(0, MAX_REPLICAS))
         .map(|i| pod_name(app, i))
         .chain(
             previous
                 .into_iter()
                 .flat_map(|a| a.pods.keys().cloned().chain(a.down.iter().cloned())),
         )
+        .filter(|p| sanitize::pod_ordinal(app, p).is_some())
         .collect()
 }
 
 /// The StatefulSet's replicas when no placement can be made this time (e.g. Kafka is
-/// unreachable): never below a pod the last assignment still gives actives, so a drain in
-/// progress does not cut a pod off with its tasks. Never above `MAX_REPLICAS`: the status
-/// the ordinals come from is writable by the app's workers, and a forged pod name must not
-/// scale the app past what any app may ask for.
-pub fn hold_replicas(replicas: i32, previous: Option<&Assignment>) -> i32 {
+/// unreachable): never below a pod of the app the last assignment still gives actives, so a
+/// drain in progress does not cut a pod off with its tasks. Only the app's own pod names
+/// count (`<app>-<n>`, `n < MAX_REPLICAS`): the status they come from may have been written
+/// by a worker, and a forged name must not scale the app (the caller also caps it at what
+/// the StatefulSet has, see `reconcile::cap_replicas`).
+pub fn hold_replicas(app: &str, replicas: i32, previous: Option<&Assignment>) -> i32 {
     if replicas <= 0 {
         return replicas.max(0);
     }
@@ -179,11 +182,11 @@ pub fn hold_replicas(replicas: i32, previous: Option<&Assignment>) -> i32 {
         .into_iter()
         .flat_map(|a| a.pods.iter())
         .filter(|(_, t)| !t.active.is_empty())
-        .map(|(p, _)| i32::try_from(ordinal(p).saturating_add(1)).unwrap_or(i32::MAX))
+        .filter_map(|(p, _)| sanitize::pod_ordinal(app, p))
+        .map(|o| o + 1)
         .max()
-        .unwrap_or(0)
-        .min(MAX_REPLICAS);
-    replicas.max(busy)
+        .unwrap_or(0);
+    replicas.min(MAX_REPLICAS).max(busy)
 }
 
 /// `app-3` → 3, so `app-10` sorts after `app-9`.
@@ -198,10 +201,24 @@ fn by_ordinal(p: &str) -> (u64, String) {
     (ordinal(p), p.to_string())
 }
 
-/// Decide the assignment. See the module docs.
+/// Decide the assignment. See the module docs. Whatever the previous assignment and the
+/// reports say, only the app's own pods and tasks are considered ([`sanitize`]), and the
+/// StatefulSet's replicas stay within `MAX_REPLICAS`.
 pub fn place(input: &Input) -> Placement {
     let all = tasks(input.partitions);
-    let previous = input.previous;
+    let known = sanitize::Tasks(Some(input.partitions));
+    let previous = input
+        .previous
+        .map(|a| sanitize::assignment(input.app, known, a).assignment);
+    let previous = previous.as_ref();
+    let reports = sanitize::reports(input.app, known, input.reports);
+    let floor = sanitize::applied_floor(&reports);
+    let input = &Input {
+        previous,
+        reports: &reports,
+        replicas: input.replicas.min(MAX_REPLICAS),
+        ..input.clone()
+    };
     let health = |p: &str| match input.health {
         None => Health::Up,
         Some(h) => h.get(p).cloned().unwrap_or(Health::Down(DownCause::Gone)),
@@ -216,7 +233,13 @@ pub fn place(input: &Input) -> Placement {
     };
     if input.replicas <= 0 {
         return Placement {
-            assignment: next(previous, input.partitions, BTreeMap::new(), Vec::new()),
+            assignment: next(
+                previous,
+                floor,
+                input.partitions,
+                BTreeMap::new(),
+                Vec::new(),
+            ),
             stateful_set_replicas: 0,
             progress: Progress {
                 reason: Reason::Stable,
@@ -405,7 +428,9 @@ pub fn place(input: &Input) -> Placement {
         .count();
 
     // The StatefulSet keeps a leaving pod until it holds no active, in the assignment and
-    // in its own report (it has let its tasks go), or is down.
+    // in its own report (it has let its tasks go), or is down. One without a Pod object is
+    // not kept: there is nothing to keep, and growing the StatefulSet for it would create a
+    // pod that never had its tasks.
     let drained = |p: &str| {
         !owner.values().any(|o| o == p)
             && (!up(p)
@@ -418,14 +443,10 @@ pub fn place(input: &Input) -> Placement {
         .iter()
         .flat_map(|a| a.pods.keys())
         .chain(owner.values())
-        .filter(|p| leaving(p) && !drained(p))
-        .map(|p| ordinal(p))
+        .filter(|p| leaving(p) && !drained(p) && health(p) != Health::Down(DownCause::Gone))
+        .filter_map(|p| sanitize::pod_ordinal(input.app, p))
         .max();
-    let sts = busiest_leaving.map_or(input.replicas, |o| {
-        input
-            .replicas
-            .max(i32::try_from(o.saturating_add(1)).unwrap_or(i32::MAX))
-    });
+    let sts = busiest_leaving.map_or(input.replicas, |o| input.replicas.max(o + 1));
 
     let mut pods: BTreeMap<String, PodTasks> = (0..sts)
         .map(|i| (pod_name(input.app, i), PodTasks::default()))
@@ -483,7 +504,7 @@ pub fn place(input: &Input) -> Placement {
         d
     };
     Placement {
-        assignment: next(previous, input.partitions, pods, down),
+        assignment: next(previous, floor, input.partitions, pods, down),
         stateful_set_replicas: sts,
         progress,
         moves,
@@ -605,16 +626,21 @@ fn progress_of(input: &Input, f: &ProgressFacts) -> (Reason, String) {
     (Reason::Stable, "every task is where it belongs".into())
 }
 
+/// The assignment with its generation: the previous one's if nothing changed, else the
+/// next. Without a previous generation the operator can have written (none, or a forged one
+/// beyond [`sanitize::MAX_GENERATION`]), it starts above `floor`, the highest generation a
+/// worker reports it applied: workers take only a newer generation than theirs.
 fn next(
     previous: Option<&Assignment>,
+    floor: i64,
     partitions: &[i32],
     pods: BTreeMap<String, PodTasks>,
     down: Vec<String>,
 ) -> Assignment {
-    let generation = match previous {
+    let generation = match previous.filter(|p| sanitize::sane_generation(p.generation)) {
         Some(p) if p.pods == pods && p.partitions == partitions && p.down == down => p.generation,
-        Some(p) => p.generation + 1,
-        None => 1,
+        Some(p) => p.generation.saturating_add(1),
+        None => floor.saturating_add(1),
     };
     Assignment {
         generation,

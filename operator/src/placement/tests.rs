@@ -810,10 +810,10 @@ fn balanced_and_sticky_for_every_small_shape() {
 fn hold_replicas_keeps_pods_with_tasks() {
     let mut sim = Sim::new(&[4], 3);
     sim.settle();
-    assert_eq!(hold_replicas(1, sim.assignment.as_ref()), 3);
-    assert_eq!(hold_replicas(4, sim.assignment.as_ref()), 4);
-    assert_eq!(hold_replicas(0, sim.assignment.as_ref()), 0);
-    // A forged pod name in the status does not scale the app past the largest replicas.
+    assert_eq!(hold_replicas("a", 1, sim.assignment.as_ref()), 3);
+    assert_eq!(hold_replicas("a", 4, sim.assignment.as_ref()), 4);
+    assert_eq!(hold_replicas("a", 0, sim.assignment.as_ref()), 0);
+    // A forged pod name in the status does not scale the app.
     let mut forged = sim.assignment.clone().expect("settled");
     let tasks = forged
         .pods
@@ -821,8 +821,122 @@ fn hold_replicas_keeps_pods_with_tasks() {
         .find(|t| !t.active.is_empty())
         .cloned()
         .expect("a pod");
-    forged.pods.insert("app-2147483646".into(), tasks);
-    assert_eq!(hold_replicas(1, Some(&forged)), MAX_REPLICAS);
+    for name in ["a-2147483646", "a-1000", "b-7", "a-07"] {
+        forged.pods.insert(name.into(), tasks.clone());
+    }
+    forged.pods.retain(|p, _| p != "a-1" && p != "a-2");
+    assert_eq!(hold_replicas("a", 1, Some(&forged)), 1);
+    assert_eq!(hold_replicas("a", i32::MAX, Some(&forged)), MAX_REPLICAS);
+}
+
+/// What a worker (or anyone with its ServiceAccount) could write into the status, fed to the
+/// assignor: it neither crashes nor scales the StatefulSet, and keeps the app's own pods and
+/// tasks only.
+#[test]
+fn a_forged_previous_assignment_scales_nothing_and_names_only_the_apps_pods() {
+    for observed in [false, true] {
+        let mut sim = Sim::new(&[4], 1);
+        sim.settle();
+        // The app's only pod is silent past the failover bound; the status names a pod of a
+        // huge ordinal, pods of another app, tasks the app does not have.
+        if observed {
+            sim.set_down("a-0", DownCause::Silent(45));
+            if let Some(h) = sim.health.as_mut() {
+                h.retain(|p, _| p == "a-0");
+            }
+        }
+        let mut forged = sim.a().clone();
+        let forged_tasks = PodTasks {
+            active: vec!["0_0".into(), "0_1".into(), "7_7".into(), "0_9".into()],
+            standby: vec!["0_2".into(), "0_2".into()],
+            ..Default::default()
+        };
+        for name in ["a-2147483646", "a-999", "other-3", "a-1"] {
+            forged.pods.insert(name.into(), forged_tasks.clone());
+        }
+        forged.down = vec!["a-2147483646".into(), "x".into()];
+        sim.assignment = Some(forged);
+        let p = sim.step();
+        assert!(
+            p.stateful_set_replicas <= 1,
+            "observed {observed}: the StatefulSet would grow to {}",
+            p.stateful_set_replicas
+        );
+        for pod in p.assignment.pods.keys().chain(&p.assignment.down) {
+            assert!(
+                sanitize::pod_ordinal("a", pod).is_some_and(|o| o < 1000),
+                "{pod}"
+            );
+        }
+        assert!(!p.assignment.pods.contains_key("a-2147483646"));
+        assert!(!p.assignment.pods.contains_key("other-3"));
+        for t in p.assignment.pods.values() {
+            for id in t.active.iter().chain(&t.standby).chain(&t.warmup) {
+                assert!(["0_0", "0_1", "0_2", "0_3"].contains(&id.as_str()), "{id}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_negative_lag_is_unknown_not_caught_up() {
+    let mut sim = Sim::new(&[4], 1);
+    sim.settle();
+    sim.replicas = 2;
+    let p = sim.step();
+    assert_eq!(p.progress.reason, Reason::ScalingOut);
+    // The new pod claims copies lagging by less than nothing: nothing moves on that.
+    sim.report(|pod, _| if pod == "a-1" { -1_000_000 } else { 0 });
+    let p = sim.step();
+    assert!(p.moves.is_empty(), "{:?}", p.moves);
+    assert!(
+        p.progress.message.contains("no lag reported yet"),
+        "{}",
+        p.progress.message
+    );
+    sim.report(|_, _| 0);
+    assert_eq!(sim.step().moves.len(), 2);
+}
+
+#[test]
+fn a_forged_generation_is_replaced_by_one_above_what_the_workers_applied() {
+    for forged in [i64::MAX, sanitize::MAX_GENERATION + 1, -5] {
+        let mut sim = Sim::new(&[4], 2);
+        sim.settle();
+        let applied = sim.a().generation;
+        sim.assignment.as_mut().expect("settled").generation = forged;
+        let p = sim.step();
+        assert_eq!(p.assignment.generation, applied + 1, "after {forged}");
+        // Then on as usual.
+        sim.report(|_, _| 0);
+        assert_eq!(sim.step().assignment.generation, applied + 1);
+    }
+    // A generation at the bound is still the operator's own: it does not wrap.
+    let mut sim = Sim::new(&[4], 2);
+    sim.settle();
+    sim.assignment.as_mut().expect("settled").generation = sanitize::MAX_GENERATION;
+    sim.partitions = vec![5];
+    assert_eq!(
+        sim.step().assignment.generation,
+        sanitize::MAX_GENERATION + 1
+    );
+}
+
+#[test]
+fn without_a_previous_assignment_the_generation_starts_above_the_applied_ones() {
+    let mut sim = Sim::new(&[4], 2);
+    sim.settle();
+    sim.report(|_, _| 0);
+    for w in sim.reports.values_mut() {
+        w.applied_generation = 41;
+    }
+    // A worker's report of a generation nobody could have written does not count.
+    sim.reports
+        .get_mut("a-1")
+        .expect("report")
+        .applied_generation = i64::MAX;
+    sim.assignment = None;
+    assert_eq!(sim.step().assignment.generation, 42);
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! to do. To add a kind of problem: a [`Reason`] here, where it is found (reconcile or the
 //! controller), a row in docs/operator.md (conditions) and docs/operations.md (failure modes).
 
-use eddy_crds::resource::AppStatus;
+use eddy_crds::resource::{AppStatus, WorkerStatus};
+use std::collections::BTreeMap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
@@ -75,11 +76,10 @@ impl Problem {
 }
 
 /// What the workers say keeps them from processing (each retries by itself): one problem per
-/// worker, naming its pod, in pod order.
-pub fn from_workers(status: &AppStatus) -> Vec<Problem> {
+/// worker, naming its pod, in pod order. `reports`: the app's workers' reports, sanitized.
+pub fn from_workers(reports: &BTreeMap<String, WorkerStatus>) -> Vec<Problem> {
     use eddy_crds::resource::WorkerProblemReason as W;
-    let mut pods: Vec<_> = status
-        .workers
+    let mut pods: Vec<_> = reports
         .iter()
         .filter_map(|(pod, w)| w.problem.as_ref().map(|p| (pod, p)))
         .collect();
