@@ -637,6 +637,126 @@ fn truncated_second_changelog(count_in_memory: bool) -> Result<()> {
     Ok(())
 }
 
+/// A table of `input` kept in the store `items`, which the query API answers.
+fn table_app(name: &str, input: &str, output: &str) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  commitIntervalMs: 100
+  processingGuarantee: at_least_once
+  tables:
+    items: {{topic: {input}}}
+  topology:
+    - from: {{table: items}}
+    - to: {{topic: {output}}}
+"#
+    )
+}
+
+/// Whether the worker's query API finds `key` in the store `items`, once it answers.
+fn item_found(w: &Worker, key: &str) -> Result<bool> {
+    let mut found = None;
+    wait_until(READY, || {
+        let (code, body) = http_get(&w.http, &format!("/stores/items/keys/{key}"))?;
+        if code == 200 {
+            let answer: eddy_crds::query::KeyAnswer =
+                serde_json::from_str(&body).with_context(|| body.clone())?;
+            found = Some(answer.found);
+        }
+        Ok(found.is_some())
+    })
+    .with_context(|| format!("the query API did not answer for {key}:\n{}", w.logs()))?;
+    Ok(found == Some(true))
+}
+
+/// A state directory whose checkpoint is older than its changelog keeps tombstones (a volume
+/// kept for a day, a restored backup) does not bring a deleted row back: compaction removed
+/// the delete from the changelog, so replaying from the checkpoint would leave the old value.
+/// The store is rebuilt from the changelog instead, logged and counted.
+#[test]
+fn an_old_state_dir_does_not_bring_back_a_row_deleted_since() -> Result<()> {
+    let name = unique("tomb");
+    let (input, output) = (format!("{name}-in"), format!("{name}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], name.clone());
+    create_topic(&input, 1)?;
+    create_topic(&output, 1)?;
+    let row = |k: &str, v: i64| {
+        (
+            Some(k.as_bytes().to_vec()),
+            Some(format!("{{\"v\":{v}}}").into_bytes()),
+        )
+    };
+    produce(&input, &[row("gone", 1), row("kept", 1)])?;
+    let yaml = table_app(&name, &input, &output);
+    let dir = tempfile::tempdir()?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    wait_until(DONE, || item_found(&w, "gone"))?;
+    ensure!(w.stop()? == 0);
+    let old = tempfile::tempdir()?;
+    copy_dir(&dir.path().join("state"), &old.path().join("state"))?;
+
+    // Delete the row, then let compaction drop the value and, after delete.retention.ms, the
+    // tombstone: the changelog no longer says anything about the key.
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    produce_tombstones(&input, &[(b"gone".to_vec(), eddy_worker::record::now_ms())])?;
+    wait_until(DONE, || Ok(!item_found(&w, "gone")?))?;
+    let changelog = format!("{name}-items-changelog");
+    set_topic_configs(
+        &changelog,
+        &[
+            ("cleanup.policy", "compact"),
+            ("segment.ms", "100"),
+            ("min.cleanable.dirty.ratio", "0.01"),
+            ("min.compaction.lag.ms", "0"),
+            ("delete.retention.ms", "2000"),
+        ],
+    )?;
+    let mut v = 1;
+    wait_until(DONE, || {
+        // Records after the tombstone roll its segment and dirty the log again.
+        v += 1;
+        produce(&input, &[row("kept", v)])?;
+        let records = read_all(&changelog)?;
+        Ok(!records.iter().any(|r| r.key.as_deref() == Some(b"gone")))
+    })
+    .context("compaction did not remove the key's value and tombstone from the changelog")?;
+    ensure!(w.stop()? == 0);
+
+    // The old state dir's checkpoint predates the delete.
+    std::fs::remove_dir_all(dir.path().join("state"))?;
+    copy_dir(&old.path().join("state"), &dir.path().join("state"))?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    ensure!(
+        !item_found(&w, "gone")?,
+        "the deleted row came back from the old state dir:\n{}",
+        w.logs()
+    );
+    ensure!(
+        item_found(&w, "kept")?,
+        "the rows the changelog has are restored"
+    );
+    ensure!(
+        w.metric(
+            "eddy_stores_rebuilt_total",
+            &["store=\"items\"", "reason=\"tombstones_expired\""]
+        )? == 1.0,
+        "the rebuild is counted:\n{}",
+        w.logs()
+    );
+    ensure!(
+        w.logs()
+            .contains("longer than the changelog keeps tombstones"),
+        "the rebuild is logged"
+    );
+    ensure!(w.stop()? == 0);
+    Ok(())
+}
+
 fn bad_inputs() -> Vec<Input> {
     vec![
         (Some(b"a".to_vec()), Some(br#"{"amount": 5}"#.to_vec())),

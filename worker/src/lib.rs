@@ -15,6 +15,7 @@
 pub mod assignment;
 pub mod cache;
 pub mod changelog;
+pub mod checkpoint;
 pub mod collector;
 pub mod config;
 pub mod expr;

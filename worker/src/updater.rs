@@ -15,15 +15,21 @@
 //! Lag per store is the changelog's end minus the position the store's checkpoint holds. The
 //! end is the last stable offset librdkafka's statistics report every second (no request of
 //! its own), or the end seen when the replica opened, or past the last record read.
+//!
+//! Each checkpoint written carries when the store was last at its changelog's end (see
+//! [`crate::checkpoint`]): the time of a batch that reached the end, refreshed while it stays
+//! there. A store that falls behind for longer than its changelog keeps tombstones is
+//! opened again, which checks it like a restore does.
 
 use crate::cache::Changes;
+use crate::checkpoint;
 use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, RoleLabels, StoreLabels};
 use crate::plan;
 use crate::query::Holder;
 use crate::restore::{BATCH_BYTES, Pending};
 use crate::status::Status;
-use crate::store::{Change, MemoryStore, StateResources, StoreError, TaskDb};
+use crate::store::{Change, Checkpoint, Mark, MemoryStore, StateResources, StoreError, TaskDb};
 use eddy_crds::TaskId;
 use eddy_crds::resource::{TaskRole, TaskState, TaskStatus};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -173,6 +179,15 @@ struct ReplicaStore {
     position: i64,
     /// The changelog's end as last known.
     end: Option<i64>,
+    /// When the store was last at its changelog's end, as its checkpoint says (ms since the
+    /// epoch).
+    caught_up_at: Option<i64>,
+    /// The time written with batches until the store first reaches the end: when its read
+    /// from the changelog's beginning started (None: it started from a checkpoint, whose
+    /// time stays).
+    meanwhile: Option<i64>,
+    /// The changelog's `delete.retention.ms`, if it is compacted.
+    tombstones: Option<i64>,
     pending: Pending,
     /// A record arrived since the changelog was assigned: only then does the consumer's
     /// position speak for this assignment.
@@ -260,6 +275,9 @@ enum ReplicaError {
 const APPLY_EVERY: Duration = Duration::from_millis(100);
 /// Pause before opening a replica again after it failed.
 const REOPEN_AFTER: Duration = Duration::from_secs(5);
+/// How often a store that stays at its changelog's end writes that it still is: a restart
+/// then finds its checkpoint recent, though nothing moved it.
+const CAUGHT_UP_EVERY_MS: i64 = 60_000;
 
 impl State {
     fn run(mut self, rx: Receiver<Command>) {
@@ -368,14 +386,21 @@ impl State {
     /// Open the replicas of `wanted` not followed yet (with `given`: in-memory stores of
     /// tasks demoted here).
     fn open_missing(&mut self, wanted: &[(TaskId, TaskRole)], mut given: MemoryStores) {
-        for (id, role) in wanted {
-            if self.replicas.iter().any(|r| r.id == *id)
-                || self.reopen.iter().any(|(t, _, _)| t == id)
-            {
-                continue;
-            }
+        let missing: Vec<(TaskId, TaskRole)> = wanted
+            .iter()
+            .filter(|(id, _)| {
+                !self.replicas.iter().any(|r| r.id == *id)
+                    && !self.reopen.iter().any(|(t, _, _)| t == id)
+            })
+            .copied()
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let retention = self.retention();
+        for (id, role) in &missing {
             let memory = given.remove(id).unwrap_or_default();
-            if let Err(e) = self.open(*id, *role, memory) {
+            if let Err(e) = self.open(*id, *role, memory, &retention) {
                 tracing::warn!(error = %e, retry_in = ?REOPEN_AFTER, "could not start following a standby task");
                 self.reopen
                     .push((*id, *role, Instant::now() + REOPEN_AFTER));
@@ -396,8 +421,9 @@ impl State {
             return;
         }
         self.reopen.retain(|(_, _, at)| *at > now);
+        let retention = self.retention();
         for (id, role) in due {
-            if let Err(e) = self.open(id, role, Vec::new()) {
+            if let Err(e) = self.open(id, role, Vec::new(), &retention) {
                 tracing::warn!(error = %e, retry_in = ?REOPEN_AFTER, "could not start following a standby task");
                 self.reopen.push((id, role, Instant::now() + REOPEN_AFTER));
             }
@@ -406,14 +432,41 @@ impl State {
         self.publish();
     }
 
+    /// The tombstone retention of the app's changelogs, read once for the replicas opened
+    /// together (a lowered `delete.retention.ms` applies from their next opening).
+    fn retention(&self) -> Result<HashMap<String, Option<i64>>, KafkaError> {
+        let app = &self.cfg.application_id;
+        let names: Vec<String> = self
+            .cfg
+            .topology
+            .subtopologies
+            .iter()
+            .flat_map(|s| s.stores.iter())
+            .map(|d| eddy_crds::topics::changelog(app, &d.name))
+            .collect();
+        if names.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        crate::changelog::tombstone_retention(&self.cfg, &names)
+            .map_err(crate::changelog::TopicError::into_kafka)
+    }
+
     /// Open a replica's stores at their checkpoints and start tailing their changelogs. A
-    /// checkpoint its changelog no longer covers empties that store (as restore does).
+    /// checkpoint its changelog no longer covers, or older than the changelog keeps
+    /// tombstones, empties that store (as restore does).
     fn open(
         &mut self,
         id: TaskId,
         role: TaskRole,
         mut memory: Vec<(String, MemoryStore)>,
+        retention: &Result<HashMap<String, Option<i64>>, KafkaError>,
     ) -> Result<(), ReplicaError> {
+        let retention = retention.as_ref().map_err(|e| ReplicaError::Kafka {
+            task: id,
+            topic: "the changelogs' configs".into(),
+            source: e.clone(),
+        })?;
         let store_err = |source| ReplicaError::Store { task: id, source };
         let Some(sub) = self
             .cfg
@@ -463,6 +516,8 @@ impl State {
                 topic: changelog.clone(),
                 source,
             };
+            // Before the end is read: the end reached was the end at this time at the latest.
+            let read_at = crate::record::now_ms();
             let (low, high) = consumer
                 .fetch_watermarks(&changelog, id.partition, Duration::from_secs(30))
                 .map_err(kafka)?;
@@ -477,29 +532,37 @@ impl State {
             } else {
                 None
             };
-            let mut checkpoint = match (&mem, &db) {
-                (Some(m), _) => m.read().checkpoint,
-                (None, Some(db)) => db.checkpoint(&name).map_err(store_err)?,
+            let mut checkpoint: Option<Checkpoint> = match (&mem, &db) {
+                (Some(m), _) => m.read().stored_checkpoint(),
+                (None, Some(db)) => db.stored_checkpoint(&name).map_err(store_err)?,
                 (None, None) => None,
             };
             let labels = StoreLabels {
                 task: id.to_string(),
                 store: name.clone(),
             };
+            let tombstones = retention.get(&changelog).copied().flatten();
             if let Some(c) = checkpoint
-                && (c > high || c < low)
+                && let Some(why) = checkpoint::check(c, low, high, tombstones, read_at)
             {
-                tracing::warn!(task = %id, store = %name, changelog = %changelog, partition = id.partition, checkpoint = c, low, high,
-                    "changelog no longer covers the standby's checkpoint: emptying this store and rebuilding it from what the changelog has");
+                checkpoint::rebuilding(
+                    &self.metrics,
+                    &why,
+                    &labels.task,
+                    &name,
+                    &changelog,
+                    id.partition,
+                    "a standby or warm-up copy; the task's other stores are kept",
+                );
                 match (&mut mem, &db) {
                     (Some(m), _) => m.clear(),
                     (None, Some(db)) => db.clear(&name).map_err(store_err)?,
                     (None, None) => {}
                 }
-                self.metrics.stores_rebuilt.get_or_create(&labels).inc();
                 checkpoint = None;
             }
-            let position = checkpoint.unwrap_or(low);
+            let position = checkpoint.map_or(low, |c| c.offset);
+            let meanwhile = checkpoint.is_none().then_some(read_at);
             tpl.add_partition_offset(&changelog, id.partition, Offset::Offset(position))
                 .map_err(kafka)?;
             stores.push(ReplicaStore {
@@ -508,6 +571,9 @@ impl State {
                 memory: mem,
                 position,
                 end: Some(high),
+                caught_up_at: checkpoint.and_then(|c| c.caught_up_at).or(meanwhile),
+                meanwhile,
+                tombstones,
                 pending: Pending::default(),
                 fresh: false,
                 labels,
@@ -643,6 +709,11 @@ impl State {
             if let Err(e) = apply(r, &self.metrics, &positions) {
                 tracing::warn!(error = %e, retry_in = ?REOPEN_AFTER, "writing a standby's records failed: opening it again from its checkpoint");
                 failed.push(i);
+            } else if let Some((store, why)) = behind_tombstones(r) {
+                // Opening checks it against the changelog, as a restore would.
+                tracing::warn!(task = %r.id, store, reason = why.reason(), retry_in = ?REOPEN_AFTER,
+                    "{why}: opening the standby again");
+                failed.push(i);
             }
         }
         for i in failed.into_iter().rev() {
@@ -725,14 +796,34 @@ impl State {
     }
 }
 
+/// A store of `r` that is not at its changelog's end and was last there longer ago than its
+/// changelog keeps tombstones: following it on could miss deletes.
+fn behind_tombstones(r: &Replica) -> Option<(&str, checkpoint::Distrust)> {
+    let now_ms = crate::record::now_ms();
+    r.stores
+        .iter()
+        .filter(|s| plan::lag(s.position, s.end) != Some(0))
+        .find_map(|s| {
+            let c = Checkpoint {
+                offset: s.position,
+                caught_up_at: s.caught_up_at,
+            };
+            // The end is not known to be current here: only the age counts.
+            let why = checkpoint::check(c, i64::MIN, i64::MAX, s.tombstones, now_ms)?;
+            Some((s.name.as_str(), why))
+        })
+}
+
 /// Write a replica's pending records, each store's batch with its new checkpoint in one
-/// atomic write; a store with nothing pending moves its checkpoint past control records.
+/// atomic write; a store with nothing pending moves its checkpoint past control records. A
+/// store at its changelog's end records the time as when it was last caught up.
 fn apply(
     r: &mut Replica,
     metrics: &Metrics,
     positions: &HashMap<(String, i32), i64>,
 ) -> Result<(), StoreError> {
     let p = r.id.partition;
+    let now_ms = crate::record::now_ms();
     for s in &mut r.stores {
         let batch = std::mem::take(&mut s.pending);
         let consumed = positions
@@ -743,12 +834,32 @@ fn apply(
         // Everything before the consumer's position was handed to `poll` and is in the
         // batch, so the checkpoint may go that far.
         let next = batch.next.max(consumed);
-        if next <= s.position && batch.read == 0 {
+        let moves = next > s.position || batch.read > 0;
+        let at_end = plan::lag(next.max(s.position), s.end) == Some(0);
+        let caught_up_at = if at_end
+            && (moves
+                || s.caught_up_at
+                    .is_none_or(|t| now_ms.saturating_sub(t) >= CAUGHT_UP_EVERY_MS))
+        {
+            Some(now_ms)
+        } else if moves {
+            s.meanwhile
+        } else {
+            None
+        };
+        if at_end {
+            s.meanwhile = None;
+        }
+        if !moves && caught_up_at.is_none() {
             continue;
         }
+        let mark = Mark {
+            offset: moves.then_some(next),
+            caught_up_at,
+        };
         let changes: Changes = batch.latest.into_iter().collect();
         match (&mut s.memory, &r.db) {
-            (Some(m), _) => m.apply([], &changes, Some(next)),
+            (Some(m), _) => m.apply([], &changes, mark),
             (None, Some(db)) => db.write(
                 changes.iter().map(|(k, v)| {
                     (
@@ -759,11 +870,14 @@ fn apply(
                         },
                     )
                 }),
-                [(s.name.as_str(), next)],
+                [(s.name.as_str(), mark)],
             )?,
             (None, None) => {}
         }
         s.position = next.max(s.position);
+        if caught_up_at.is_some() {
+            s.caught_up_at = caught_up_at;
+        }
         if batch.read > 0 {
             metrics
                 .standby_updated
@@ -782,6 +896,9 @@ fn apply(
 mod tests {
     use super::*;
 
+    const CHANGELOG: &str = "app-counts-changelog";
+
+    /// A standby of one in-memory store at `position`, its changelog's end at `end`.
     fn replica(position: i64, end: i64) -> Replica {
         Replica {
             id: TaskId::new(0, 1),
@@ -789,10 +906,13 @@ mod tests {
             db: None,
             stores: vec![ReplicaStore {
                 name: "counts".into(),
-                changelog: "app-counts-changelog".into(),
+                changelog: CHANGELOG.into(),
                 memory: Some(MemoryStore::default()),
                 position,
                 end: Some(end),
+                caught_up_at: None,
+                meanwhile: None,
+                tombstones: Some(86_400_000),
                 pending: Pending::default(),
                 fresh: false,
                 labels: StoreLabels {
@@ -803,6 +923,10 @@ mod tests {
             caught_up: false,
             queryable: false,
         }
+    }
+
+    fn at(offset: i64) -> HashMap<(String, i32), i64> {
+        HashMap::from([((CHANGELOG.to_string(), 1), offset)])
     }
 
     #[test]
@@ -817,14 +941,20 @@ mod tests {
         s.pending.add(b"b", None, 12);
         s.fresh = true;
         // The consumer is past the control record at 13.
-        let positions = HashMap::from([(("app-counts-changelog".to_string(), 1), 14)]);
-        apply(&mut r, &metrics, &positions).expect("apply");
+        apply(&mut r, &metrics, &at(14)).expect("apply");
         let m = r.stores[0].memory.as_ref().expect("memory").read();
         assert_eq!(
             m.map.get(b"a".as_slice()).map(Vec::as_slice),
             Some(b"2".as_slice())
         );
         assert_eq!(m.checkpoint, Some(14));
+        assert!(
+            m.caught_up_at
+                .is_some_and(|t| (crate::record::now_ms() - t).abs() < 5_000),
+            "at the end: caught up now ({:?})",
+            m.caught_up_at
+        );
+        drop(m);
         assert_eq!(r.lag(), Some(0));
         assert!(r.caught_up);
         assert_eq!(r.report().state, TaskState::Running);
@@ -837,10 +967,45 @@ mod tests {
         let mut r = replica(5, 20);
         // Nothing read since the changelog was assigned: the consumer's position may be a
         // previous assignment's, and must not skip records the store lacks.
-        let positions = HashMap::from([(("app-counts-changelog".to_string(), 1), 20)]);
-        apply(&mut r, &metrics, &positions).expect("apply");
+        apply(&mut r, &metrics, &at(20)).expect("apply");
         assert_eq!(r.stores[0].position, 5);
         assert_eq!(r.lag(), Some(15));
         assert!(!r.caught_up);
+    }
+
+    #[test]
+    fn a_store_that_stays_at_the_end_says_so_now_and_then_and_one_left_behind_is_reopened() {
+        let metrics = Metrics::new();
+        let now_ms = crate::record::now_ms();
+        let mut r = replica(14, 14);
+        r.stores[0].caught_up_at = Some(now_ms - 1_000);
+        apply(&mut r, &metrics, &HashMap::new()).expect("apply");
+        assert_eq!(
+            r.stores[0]
+                .memory
+                .as_ref()
+                .expect("memory")
+                .read()
+                .caught_up_at,
+            None,
+            "a second ago is recent enough: nothing written"
+        );
+        r.stores[0].caught_up_at = Some(now_ms - CAUGHT_UP_EVERY_MS - 1_000);
+        apply(&mut r, &metrics, &HashMap::new()).expect("apply");
+        let written = r.stores[0]
+            .memory
+            .as_ref()
+            .expect("memory")
+            .read()
+            .caught_up_at;
+        assert!(written.is_some_and(|t| t >= now_ms - 1_000), "{written:?}");
+        assert_eq!(behind_tombstones(&r).map(|(s, _)| s), None);
+        // Behind, and last caught up longer ago than the changelog keeps tombstones.
+        let mut r = replica(5, 20);
+        r.stores[0].caught_up_at = Some(now_ms - 86_400_000);
+        let (store, why) = behind_tombstones(&r).expect("too old");
+        assert_eq!((store, why.reason()), ("counts", "tombstones_expired"));
+        r.stores[0].tombstones = None;
+        assert!(behind_tombstones(&r).is_none(), "not compacted: no age");
     }
 }
