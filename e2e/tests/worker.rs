@@ -757,6 +757,86 @@ fn an_old_state_dir_does_not_bring_back_a_row_deleted_since() -> Result<()> {
     Ok(())
 }
 
+/// Collects the state updater's view of changelog ends from a consumer's statistics.
+struct EndsContext(std::sync::Arc<std::sync::Mutex<eddy_worker::ends::Ends>>);
+
+impl rdkafka::ClientContext for EndsContext {
+    fn stats(&self, stats: rdkafka::statistics::Statistics) {
+        if let Ok(mut ends) = self.0.lock() {
+            ends.observe_stats(&stats, std::time::Instant::now());
+        }
+    }
+}
+impl rdkafka::consumer::ConsumerContext for EndsContext {}
+
+/// Against a real broker, as the state updater reads them: librdkafka's statistics confirm a
+/// partition's end while a consumer fetches it, and stop confirming it once the consumer stops
+/// fetching (here paused; a broker out of reach alike), though they keep repeating the old end
+/// while the topic grows: the lag computed from it becomes unknown, not 0.
+#[test]
+fn an_end_is_confirmed_only_while_its_partition_is_fetched() -> Result<()> {
+    use eddy_worker::ends::{Ends, FRESH_FOR, fresh};
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    use std::time::Instant;
+    let topic = unique("ends");
+    let _cleanup = Cleanup(vec![topic.clone()], topic.clone());
+    create_topic(&topic, 1)?;
+    let records = |n: usize| keyed(n, 3);
+    produce(&topic, &records(10))?;
+    let ends = std::sync::Arc::new(std::sync::Mutex::new(Ends::default()));
+    let consumer: BaseConsumer<EndsContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap()?)
+        .set("group.id", unique("ends-reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("statistics.interval.ms", "1000")
+        .create_with_context(EndsContext(ends.clone()))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+    // Statistics are served by polls: the end as of `now`, if fresh.
+    let poll_end = |now: Instant| -> Result<(Option<i64>, Option<i64>)> {
+        let _ = consumer.poll(Duration::from_millis(200));
+        let end = ends
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .get(&topic, 0);
+        Ok((
+            end.map(|e| e.offset),
+            end.and_then(|e| fresh(Some(e.offset), e.confirmed, now)),
+        ))
+    };
+    wait_until(Duration::from_secs(30), || {
+        Ok(poll_end(Instant::now())?.1 == Some(10))
+    })
+    .context("a fetching consumer's statistics never confirmed the end")?;
+
+    consumer.pause(&tpl)?;
+    produce(&topic, &records(5))?;
+    let paused = Instant::now();
+    wait_until(FRESH_FOR + Duration::from_secs(20), || {
+        Ok(poll_end(Instant::now())?.1.is_none())
+    })
+    .context("the end stayed fresh though nothing fetched it")?;
+    ensure!(
+        paused.elapsed() >= FRESH_FOR - Duration::from_secs(3),
+        "fresh for {:?} only: the end went stale before its bound",
+        paused.elapsed()
+    );
+    ensure!(
+        poll_end(Instant::now())?.0 == Some(10),
+        "the statistics repeat the old end (they cannot see the 5 new records)"
+    );
+
+    consumer.resume(&tpl)?;
+    wait_until(Duration::from_secs(30), || {
+        Ok(poll_end(Instant::now())?.1 == Some(15))
+    })
+    .context("fetching again did not confirm the new end")?;
+    Ok(())
+}
+
 fn bad_inputs() -> Vec<Input> {
     vec![
         (Some(b"a".to_vec()), Some(br#"{"amount": 5}"#.to_vec())),

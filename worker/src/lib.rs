@@ -18,6 +18,7 @@ pub mod changelog;
 pub mod checkpoint;
 pub mod collector;
 pub mod config;
+pub mod ends;
 pub mod expr;
 pub mod fault;
 pub mod format;
