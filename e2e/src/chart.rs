@@ -271,11 +271,15 @@ mod tests {
             &m.restored_records,
             &m.cache_hits,
             &m.cache_misses,
-            &m.stores_rebuilt,
             &m.standby_updated,
         ] {
             let _ = counter.get_or_create(&store);
         }
+        let _ = m.stores_rebuilt.get_or_create(&RebuiltLabels {
+            task: "0_0".into(),
+            store: "s".into(),
+            reason: "changelog_truncated".into(),
+        });
         let _ = m.consumer_lag.get_or_create(&PartitionLabels {
             topic: "t".into(),
             partition: 0,

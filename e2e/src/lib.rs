@@ -245,9 +245,18 @@ pub fn watermarks(topic: &str, partition: i32) -> Result<(i64, i64)> {
 
 /// Set a topic config (replaces the topic's other dynamic configs).
 pub fn set_topic_config(topic: &str, key: &str, value: &str) -> Result<()> {
+    set_topic_configs(topic, &[(key, value)])
+}
+
+/// Set a topic's dynamic configs to exactly `configs` (the others go back to the broker's
+/// defaults).
+pub fn set_topic_configs(topic: &str, configs: &[(&str, &str)]) -> Result<()> {
     use rdkafka::admin::{AlterConfig, ResourceSpecifier};
     let admin: AdminClient<DefaultClientContext> = client(&[])?.create()?;
-    let change = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+    let change = configs.iter().fold(
+        AlterConfig::new(ResourceSpecifier::Topic(topic)),
+        |c, (k, v)| c.set(k, v),
+    );
     for r in block_on(admin.alter_configs(&[change], &AdminOptions::new()))?? {
         r.map_err(|(res, e)| anyhow::anyhow!("altering {res:?}: {e}"))?;
     }

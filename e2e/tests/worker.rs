@@ -637,6 +637,206 @@ fn truncated_second_changelog(count_in_memory: bool) -> Result<()> {
     Ok(())
 }
 
+/// A table of `input` kept in the store `items`, which the query API answers.
+fn table_app(name: &str, input: &str, output: &str) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  commitIntervalMs: 100
+  processingGuarantee: at_least_once
+  tables:
+    items: {{topic: {input}}}
+  topology:
+    - from: {{table: items}}
+    - to: {{topic: {output}}}
+"#
+    )
+}
+
+/// Whether the worker's query API finds `key` in the store `items`, once it answers.
+fn item_found(w: &Worker, key: &str) -> Result<bool> {
+    let mut found = None;
+    wait_until(READY, || {
+        let (code, body) = http_get(&w.http, &format!("/stores/items/keys/{key}"))?;
+        if code == 200 {
+            let answer: eddy_crds::query::KeyAnswer =
+                serde_json::from_str(&body).with_context(|| body.clone())?;
+            found = Some(answer.found);
+        }
+        Ok(found.is_some())
+    })
+    .with_context(|| format!("the query API did not answer for {key}:\n{}", w.logs()))?;
+    Ok(found == Some(true))
+}
+
+/// A state directory whose checkpoint is older than its changelog keeps tombstones (a volume
+/// kept for a day, a restored backup) does not bring a deleted row back: compaction removed
+/// the delete from the changelog, so replaying from the checkpoint would leave the old value.
+/// The store is rebuilt from the changelog instead, logged and counted.
+#[test]
+fn an_old_state_dir_does_not_bring_back_a_row_deleted_since() -> Result<()> {
+    let name = unique("tomb");
+    let (input, output) = (format!("{name}-in"), format!("{name}-out"));
+    let _cleanup = Cleanup(vec![input.clone(), output.clone()], name.clone());
+    create_topic(&input, 1)?;
+    create_topic(&output, 1)?;
+    let row = |k: &str, v: i64| {
+        (
+            Some(k.as_bytes().to_vec()),
+            Some(format!("{{\"v\":{v}}}").into_bytes()),
+        )
+    };
+    produce(&input, &[row("gone", 1), row("kept", 1)])?;
+    let yaml = table_app(&name, &input, &output);
+    let dir = tempfile::tempdir()?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    wait_until(DONE, || item_found(&w, "gone"))?;
+    ensure!(w.stop()? == 0);
+    let old = tempfile::tempdir()?;
+    copy_dir(&dir.path().join("state"), &old.path().join("state"))?;
+
+    // Delete the row, then let compaction drop the value and, after delete.retention.ms, the
+    // tombstone: the changelog no longer says anything about the key.
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    produce_tombstones(&input, &[(b"gone".to_vec(), eddy_worker::record::now_ms())])?;
+    wait_until(DONE, || Ok(!item_found(&w, "gone")?))?;
+    let changelog = format!("{name}-items-changelog");
+    set_topic_configs(
+        &changelog,
+        &[
+            ("cleanup.policy", "compact"),
+            ("segment.ms", "100"),
+            ("min.cleanable.dirty.ratio", "0.01"),
+            ("min.compaction.lag.ms", "0"),
+            ("delete.retention.ms", "2000"),
+        ],
+    )?;
+    let mut v = 1;
+    wait_until(DONE, || {
+        // Records after the tombstone roll its segment and dirty the log again.
+        v += 1;
+        produce(&input, &[row("kept", v)])?;
+        let records = read_all(&changelog)?;
+        Ok(!records.iter().any(|r| r.key.as_deref() == Some(b"gone")))
+    })
+    .context("compaction did not remove the key's value and tombstone from the changelog")?;
+    ensure!(w.stop()? == 0);
+
+    // The old state dir's checkpoint predates the delete.
+    std::fs::remove_dir_all(dir.path().join("state"))?;
+    copy_dir(&old.path().join("state"), &dir.path().join("state"))?;
+    let mut w = Worker::start(&yaml, dir.path())?;
+    w.wait_ready(READY)?;
+    ensure!(
+        !item_found(&w, "gone")?,
+        "the deleted row came back from the old state dir:\n{}",
+        w.logs()
+    );
+    ensure!(
+        item_found(&w, "kept")?,
+        "the rows the changelog has are restored"
+    );
+    ensure!(
+        w.metric(
+            "eddy_stores_rebuilt_total",
+            &["store=\"items\"", "reason=\"tombstones_expired\""]
+        )? == 1.0,
+        "the rebuild is counted:\n{}",
+        w.logs()
+    );
+    ensure!(
+        w.logs()
+            .contains("longer than the changelog keeps tombstones"),
+        "the rebuild is logged"
+    );
+    ensure!(w.stop()? == 0);
+    Ok(())
+}
+
+/// Collects the state updater's view of changelog ends from a consumer's statistics.
+struct EndsContext(std::sync::Arc<std::sync::Mutex<eddy_worker::ends::Ends>>);
+
+impl rdkafka::ClientContext for EndsContext {
+    fn stats(&self, stats: rdkafka::statistics::Statistics) {
+        if let Ok(mut ends) = self.0.lock() {
+            ends.observe_stats(&stats, std::time::Instant::now());
+        }
+    }
+}
+impl rdkafka::consumer::ConsumerContext for EndsContext {}
+
+/// Against a real broker, as the state updater reads them: librdkafka's statistics confirm a
+/// partition's end while a consumer fetches it, and stop confirming it once the consumer stops
+/// fetching (here paused; a broker out of reach alike), though they keep repeating the old end
+/// while the topic grows: the lag computed from it becomes unknown, not 0.
+#[test]
+fn an_end_is_confirmed_only_while_its_partition_is_fetched() -> Result<()> {
+    use eddy_worker::ends::{Ends, FRESH_FOR, fresh};
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    use std::time::Instant;
+    let topic = unique("ends");
+    let _cleanup = Cleanup(vec![topic.clone()], topic.clone());
+    create_topic(&topic, 1)?;
+    let records = |n: usize| keyed(n, 3);
+    produce(&topic, &records(10))?;
+    let ends = std::sync::Arc::new(std::sync::Mutex::new(Ends::default()));
+    let consumer: BaseConsumer<EndsContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap()?)
+        .set("group.id", unique("ends-reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("statistics.interval.ms", "1000")
+        .create_with_context(EndsContext(ends.clone()))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+    // Statistics are served by polls: the end as of `now`, if fresh.
+    let poll_end = |now: Instant| -> Result<(Option<i64>, Option<i64>)> {
+        let _ = consumer.poll(Duration::from_millis(200));
+        let end = ends
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .get(&topic, 0);
+        Ok((
+            end.map(|e| e.offset),
+            end.and_then(|e| fresh(Some(e.offset), e.confirmed, now)),
+        ))
+    };
+    wait_until(Duration::from_secs(30), || {
+        Ok(poll_end(Instant::now())?.1 == Some(10))
+    })
+    .context("a fetching consumer's statistics never confirmed the end")?;
+
+    consumer.pause(&tpl)?;
+    produce(&topic, &records(5))?;
+    let paused = Instant::now();
+    wait_until(FRESH_FOR + Duration::from_secs(20), || {
+        Ok(poll_end(Instant::now())?.1.is_none())
+    })
+    .context("the end stayed fresh though nothing fetched it")?;
+    ensure!(
+        paused.elapsed() >= FRESH_FOR - Duration::from_secs(3),
+        "fresh for {:?} only: the end went stale before its bound",
+        paused.elapsed()
+    );
+    ensure!(
+        poll_end(Instant::now())?.0 == Some(10),
+        "the statistics repeat the old end (they cannot see the 5 new records)"
+    );
+
+    consumer.resume(&tpl)?;
+    wait_until(Duration::from_secs(30), || {
+        Ok(poll_end(Instant::now())?.1 == Some(15))
+    })
+    .context("fetching again did not confirm the new end")?;
+    Ok(())
+}
+
 fn bad_inputs() -> Vec<Input> {
     vec![
         (Some(b"a".to_vec()), Some(br#"{"amount": 5}"#.to_vec())),

@@ -490,9 +490,9 @@ impl StoreState {
     }
 
     /// Apply committed changes to an in-memory backend (RocksDB ones go through a batch).
-    pub fn apply_in_memory(&mut self, changes: &Changes, checkpoint: Option<i64>) {
+    pub fn apply_in_memory(&mut self, changes: &Changes, mark: crate::store::Mark) {
         if let Backend::Memory(m) = &self.backend {
-            m.apply(std::mem::take(&mut self.cleared), changes, checkpoint);
+            m.apply(std::mem::take(&mut self.cleared), changes, mark);
         }
     }
 
@@ -530,7 +530,7 @@ mod tests {
         assert_eq!(s.get(None, b"a").expect("get"), Some(vec![2]));
         let committed = s.take_committed(0);
         assert_eq!(committed.len(), 2);
-        s.apply_in_memory(&committed, Some(7));
+        s.apply_in_memory(&committed, crate::store::Mark::from(7));
         assert_eq!(s.bytes(), 0, "over its share: emptied");
         assert!(!s.has_uncommitted());
         assert_eq!(s.get(None, b"a").expect("get"), Some(vec![2]));
@@ -547,7 +547,7 @@ mod tests {
         }
         let _ = s.take_dirty();
         let c = s.take_committed(0);
-        s.apply_in_memory(&c, None);
+        s.apply_in_memory(&c, Default::default());
         // A buffer emptied in order, in two steps, then `b` buffered again.
         for k in [b"a", b"b"] {
             s.put(k, None, 2);
@@ -563,7 +563,7 @@ mod tests {
         );
         let c = s.take_committed(0);
         assert_eq!(c, vec![(b"b".to_vec(), Some(vec![2]))], "no delete left");
-        s.apply_in_memory(&c, None);
+        s.apply_in_memory(&c, Default::default());
         assert_eq!(s.range(None, b"", b"z").expect("range").len(), 2, "b and d");
         assert_eq!(s.get(None, b"b").expect("get"), Some(vec![2]));
         assert_eq!(s.get(None, b"c").expect("get"), None);

@@ -48,6 +48,18 @@ pub enum TopicError {
 }
 
 impl TopicError {
+    /// As a Kafka error, for readers whose errors are Kafka errors (restore, the state
+    /// updater, global tables): the same code, so it is retried or not alike.
+    pub fn into_kafka(self) -> KafkaError {
+        match self {
+            TopicError::Unreachable { source, .. } => source,
+            TopicError::Create { code, .. } | TopicError::Configs { code, .. } => {
+                KafkaError::AdminOp(code)
+            }
+            other => KafkaError::AdminOpCreation(other.to_string()),
+        }
+    }
+
     /// True when the error can go away by itself (Kafka unreachable or slow to answer).
     pub fn is_transient(&self) -> bool {
         match self {
@@ -311,11 +323,11 @@ pub fn prepare(cfg: &WorkerConfig) -> Result<Topics, TopicError> {
     })
 }
 
-/// The record limits of `topics`, from their configs.
-pub fn limits(
+/// The configs of `topics` as the broker applies them (its defaults included), by name.
+fn describe_configs(
     cfg: &WorkerConfig,
     topics: &[&str],
-) -> Result<HashMap<String, TopicLimits>, TopicError> {
+) -> Result<Vec<(String, rdkafka::admin::ConfigResource)>, TopicError> {
     use rdkafka::admin::ResourceSpecifier;
     let mut names: Vec<&str> = topics.to_vec();
     names.sort_unstable();
@@ -336,6 +348,49 @@ pub fn limits(
             source,
         }
     })?;
+    names
+        .iter()
+        .zip(results)
+        .map(|(name, r)| {
+            r.map(|res| (name.to_string(), res))
+                .map_err(|code| TopicError::Configs {
+                    topic: name.to_string(),
+                    code,
+                })
+        })
+        .collect()
+}
+
+/// How long each of `topics` keeps a tombstone once compaction has reached it
+/// (`delete.retention.ms`, the broker's default included), for those whose `cleanup.policy`
+/// includes `compact`; None for the others, where only whole segments go. Read when a store
+/// is opened rather than once at start, so a lowered setting applies at the next open.
+pub fn tombstone_retention(
+    cfg: &WorkerConfig,
+    topics: &[&str],
+) -> Result<HashMap<String, Option<i64>>, TopicError> {
+    Ok(describe_configs(cfg, topics)?
+        .into_iter()
+        .map(|(name, res)| {
+            let get = |k: &str| res.get(k).and_then(|e| e.value.clone());
+            let compacted = get("cleanup.policy").is_some_and(|p| p.contains("compact"));
+            let retention = get("delete.retention.ms")
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or(DEFAULT_DELETE_RETENTION_MS);
+            (name, compacted.then_some(retention))
+        })
+        .collect())
+}
+
+/// The broker's default `delete.retention.ms` (a day), should a broker not report it.
+const DEFAULT_DELETE_RETENTION_MS: i64 = 86_400_000;
+
+/// The record limits of `topics`, from their configs.
+pub fn limits(
+    cfg: &WorkerConfig,
+    topics: &[&str],
+) -> Result<HashMap<String, TopicLimits>, TopicError> {
+    let results = describe_configs(cfg, topics)?;
     // The producer's own compression setting applies to every topic it writes.
     let producer_compresses = cfg
         .spec
@@ -344,15 +399,11 @@ pub fn limits(
         .iter()
         .any(|(k, v)| (k == "compression.type" || k == "compression.codec") && v != "none");
     let mut out = HashMap::new();
-    for (name, r) in names.iter().zip(results) {
-        let res = r.map_err(|code| TopicError::Configs {
-            topic: name.to_string(),
-            code,
-        })?;
+    for (name, res) in results {
         let get = |k: &str| res.get(k).and_then(|e| e.value.clone());
         let compression = get("compression.type").unwrap_or_default();
         out.insert(
-            name.to_string(),
+            name,
             TopicLimits {
                 max_message_bytes: get("max.message.bytes")
                     .and_then(|v| v.parse().ok())

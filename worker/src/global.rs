@@ -4,11 +4,17 @@
 //! topic is the table's changelog: at start each table reads it from its checkpoints to the
 //! end, before any task processes, then a thread per table keeps reading it. Tasks look keys
 //! up at any time; a global table's updates are not ordered with the stream records.
+//!
+//! A checkpoint the topic no longer covers, or older than a compacted topic keeps tombstones
+//! ([`crate::checkpoint`]), rebuilds the whole table from the topic's beginning. Each
+//! partition's checkpoint carries when it was last at the topic's end: when the end read at
+//! start was reached, then whenever a new end is reached.
 
+use crate::checkpoint;
 use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, StoreLabels};
 use crate::restore::{RestoreContext, changelog_reader};
-use crate::store::{Change, StateResources, StoreError, TaskDb, partition_checkpoint};
+use crate::store::{Change, Mark, StateResources, StoreError, TaskDb, partition_checkpoint};
 use eddy_crds::Format;
 use rdkafka::Offset;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -219,21 +225,35 @@ fn follow(cfg: &WorkerConfig, t: &GlobalTable, sh: &Shared<'_>) -> Result<(), Gl
             topic: t.topic.clone(),
         });
     }
+    let tombstones = crate::changelog::tombstone_retention(cfg, &[t.topic.as_str()])
+        .map_err(|e| kafka(e.into_kafka()))?
+        .get(&t.topic)
+        .copied()
+        .flatten();
     let db = &sh.stores.db;
     let mut checkpoints = db.partition_checkpoints(&t.store)?;
     let mut marks = HashMap::new();
+    // Before the ends are read: an end reached was the end at this time at the latest.
+    let read_at = crate::record::now_ms();
     for &p in &partitions {
         let (low, high) = consumer
             .fetch_watermarks(&t.topic, p, Duration::from_secs(30))
             .map_err(kafka)?;
         marks.insert(p, (low, high));
-        if let Some(&c) = checkpoints.get(&p)
-            && (c > high || c < low)
-        {
-            // The topic no longer has what the store was built from (deleted and created
-            // again, or truncated): rebuild the table from what it has.
-            tracing::warn!(table = %t.name, topic = %t.topic, partition = p, checkpoint = c, low, high,
-                "the topic no longer covers the global store's checkpoint: rebuilding the table");
+        let Some(c) = db.stored_checkpoint(&partition_checkpoint(&t.store, p))? else {
+            continue;
+        };
+        if let Some(why) = checkpoint::check(c, low, high, tombstones, read_at) {
+            // The table's partitions share one store: all of it goes.
+            checkpoint::rebuilding(
+                sh.metrics,
+                &why,
+                "global",
+                &t.store,
+                &t.topic,
+                p,
+                "the whole global table",
+            );
             db.clear_partitioned(&t.store)?;
             checkpoints.clear();
         }
@@ -242,6 +262,13 @@ fn follow(cfg: &WorkerConfig, t: &GlobalTable, sh: &Shared<'_>) -> Result<(), Gl
     let mut backlog = 0;
     // Partition -> (next offset to read, end to reach).
     let mut positions = HashMap::new();
+    // Partitions read from the beginning count as caught up from the start of their read
+    // until they reach the end (see `crate::checkpoint`); the others keep their time.
+    let from_scratch: HashSet<i32> = marks
+        .keys()
+        .filter(|p| !checkpoints.contains_key(p))
+        .copied()
+        .collect();
     for (&p, &(low, high)) in &marks {
         let from = checkpoints.get(&p).copied().unwrap_or(low);
         backlog += (high - from).max(0);
@@ -255,7 +282,19 @@ fn follow(cfg: &WorkerConfig, t: &GlobalTable, sh: &Shared<'_>) -> Result<(), Gl
     tracing::info!(table = %t.name, topic = %t.topic, backlog, "restoring global table");
     sh.backlog.store(backlog, Ordering::Relaxed);
     consumer.assign(&tpl).map_err(kafka)?;
-    run(t, sh, &consumer, positions)
+    let times = Times {
+        read_at,
+        from_scratch,
+    };
+    run(t, sh, &consumer, positions, times)
+}
+
+/// The times written with a table's checkpoints (see `follow`).
+struct Times {
+    /// When the ends to reach at start were read.
+    read_at: i64,
+    /// Partitions read from the beginning, until each reaches the end.
+    from_scratch: HashSet<i32>,
 }
 
 /// Read the assigned partitions into the store until stopped; count the table caught up once
@@ -265,6 +304,7 @@ fn run(
     sh: &Shared<'_>,
     consumer: &BaseConsumer<RestoreContext>,
     mut positions: HashMap<i32, (i64, i64)>,
+    mut times: Times,
 ) -> Result<(), GlobalError> {
     let db = &sh.stores.db;
     let mut open: HashSet<i32> = positions.keys().copied().collect();
@@ -276,6 +316,8 @@ fn run(
     let mut changes: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
     let mut read = 0u64;
     let mut offsets: HashMap<i32, i64> = HashMap::new();
+    // Partitions that reached their end since the last write, and when.
+    let mut ends_reached: HashMap<i32, i64> = HashMap::new();
     let labels = StoreLabels {
         task: "global".into(),
         store: t.store.clone(),
@@ -294,7 +336,15 @@ fn run(
                 offsets.insert(m.partition(), m.offset() + 1);
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
-                open.remove(&p);
+                // The first time, the end read at start (or later); after that, a new end
+                // just fetched.
+                let at = if open.remove(&p) {
+                    times.read_at
+                } else {
+                    crate::record::now_ms()
+                };
+                times.from_scratch.remove(&p);
+                ends_reached.insert(p, at);
                 idle = true;
             }
             Some(Err(e)) if crate::fault::is_fatal(&e) => {
@@ -312,17 +362,32 @@ fn run(
             }
             None => idle = true,
         }
-        if changes.len() >= BATCH || (idle && !offsets.is_empty()) {
+        if changes.len() >= BATCH || (idle && !(offsets.is_empty() && ends_reached.is_empty())) {
             let n = std::mem::take(&mut read);
-            let names: Vec<(String, i64)> = offsets
+            let mut names: Vec<(String, Mark)> = offsets
                 .drain()
                 .map(|(p, o)| {
                     if let Some(pos) = positions.get_mut(&p) {
                         pos.0 = o;
                     }
-                    (partition_checkpoint(&t.store, p), o)
+                    let at = ends_reached
+                        .remove(&p)
+                        .or_else(|| times.from_scratch.contains(&p).then_some(times.read_at));
+                    let mark = Mark {
+                        offset: Some(o),
+                        caught_up_at: at,
+                    };
+                    (partition_checkpoint(&t.store, p), mark)
                 })
                 .collect();
+            // At the end with nothing new: only the time moves.
+            names.extend(ends_reached.drain().map(|(p, at)| {
+                let mark = Mark {
+                    offset: None,
+                    caught_up_at: Some(at),
+                };
+                (partition_checkpoint(&t.store, p), mark)
+            }));
             db.write(
                 changes.iter().map(|(k, v)| {
                     (

@@ -15,8 +15,10 @@
 pub mod assignment;
 pub mod cache;
 pub mod changelog;
+pub mod checkpoint;
 pub mod collector;
 pub mod config;
+pub mod ends;
 pub mod expr;
 pub mod fault;
 pub mod format;

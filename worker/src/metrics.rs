@@ -25,6 +25,14 @@ pub struct StoreLabels {
     pub store: String,
 }
 
+/// A store shard rebuilt, and why (see [`crate::checkpoint::Distrust::reason`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RebuiltLabels {
+    pub task: String,
+    pub store: String,
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TaskStateLabels {
     pub task: String,
@@ -143,7 +151,7 @@ pub struct Metrics {
     pub cache_misses: Family<StoreLabels, Counter>,
     pub consumer_lag: Family<PartitionLabels, Gauge>,
     pub bad_records: Family<OutcomeLabels, Counter>,
-    pub stores_rebuilt: Family<StoreLabels, Counter>,
+    pub stores_rebuilt: Family<RebuiltLabels, Counter>,
     pub recoveries: Family<ReasonLabels, Counter>,
     pub standby_tasks: Family<RoleLabels, Gauge>,
     pub standby_lag: Family<StoreLabels, Gauge>,
@@ -250,7 +258,7 @@ impl Metrics {
         );
         r.register(
             "stores_rebuilt",
-            "Store shards emptied and rebuilt because their changelog no longer covered their checkpoint",
+            "Store shards emptied and rebuilt from their changelog's beginning, by reason: changelog_truncated (the changelog no longer covered their checkpoint), tombstones_expired (the checkpoint was older than the changelog keeps tombstones)",
             m.stores_rebuilt.clone(),
         );
         r.register(

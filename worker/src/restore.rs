@@ -4,14 +4,21 @@
 //! deleted or truncated) means that store's local state cannot be trusted: that store alone is
 //! emptied and rebuilt from what its changelog still has, counted in a metric, and the worker
 //! goes on. The task's other stores keep their state: each is checked against its own changelog.
+//! So is a checkpoint older than its changelog keeps tombstones ([`crate::checkpoint`]).
+//!
+//! Each checkpoint written carries when the store was last at its changelog's end: a store
+//! restored to the end it read at time T was caught up at T; on the way there, a store
+//! restored from its checkpoint keeps its time and one rebuilt from the beginning counts from
+//! the start of its read.
 
 use crate::cache::{Backend, Changes};
+use crate::checkpoint;
 use crate::config::WorkerConfig;
 use crate::ingest::Chunk;
 use crate::metrics::{Metrics, StoreLabels};
 pub use crate::status::Restored;
 use crate::status::Status;
-use crate::store::{Change, StoreError};
+use crate::store::{Change, Checkpoint, Mark, StoreError};
 use crate::task::{Task, TaskState};
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -178,19 +185,30 @@ pub fn restore(
         v.dedup();
         v
     };
+    // Read now, not at start: a lowered delete.retention.ms applies from the next restore.
+    let retention = if changelogs.is_empty() {
+        HashMap::new()
+    } else {
+        let names: Vec<&str> = changelogs.iter().map(String::as_str).collect();
+        crate::changelog::tombstone_retention(cfg, &names).map_err(|e| RestoreError::Kafka {
+            topic: changelogs.join(", "),
+            source: e.into_kafka(),
+        })?
+    };
     let mut shown = false;
     for changelog in changelogs {
         let kafka = |source| RestoreError::Kafka {
             topic: changelog.clone(),
             source,
         };
+        let tombstones = retention.get(&changelog).copied().flatten();
         let consumer = changelog_reader(
             cfg.client_config_with(RESTORE_CONSUMER_TUNING),
             format!("{}-restore", cfg.application_id),
         )
         .map_err(kafka)?;
-        // Restored with write batches: partition → (task index, store index, high watermark).
-        let mut targets: HashMap<i32, (usize, usize, i64)> = HashMap::new();
+        // Restored with write batches, by partition.
+        let mut targets: HashMap<i32, Target> = HashMap::new();
         // Restored through SST files, one partition after the other.
         let mut bulk: Vec<Bulk> = Vec::new();
         let mut backlog = 0;
@@ -200,29 +218,44 @@ pub fn restore(
                 continue;
             };
             let p = t.id.partition;
+            // Before the end is read: the end reached was the end at this time at the latest.
+            let read_at = crate::record::now_ms();
             let (low, high) = consumer
                 .fetch_watermarks(&changelog, p, Duration::from_secs(30))
                 .map_err(kafka)?;
-            let mut checkpoint = checkpoint_of(t, si)
-                .map_err(|source| RestoreError::Store { task: t.id, source })?;
+            let id = t.id;
+            let store_err = move |source| RestoreError::Store { task: id, source };
+            let mut checkpoint = checkpoint_of(t, si).map_err(store_err)?;
             if let Some(c) = checkpoint
-                && (c > high || c < low)
+                && let Some(why) = checkpoint::check(c, low, high, tombstones, read_at)
             {
-                tracing::warn!(task = %t.id, store = %t.stores[si].name, changelog = %changelog, partition = p, checkpoint = c, low, high,
-                    "changelog no longer covers the store's checkpoint: wiping this store's local state and rebuilding it from what the changelog has (the task's other stores are kept)");
-                rebuild(t, si).map_err(|source| RestoreError::Store { task: t.id, source })?;
-                metrics
-                    .stores_rebuilt
-                    .get_or_create(&StoreLabels {
-                        task: t.id.to_string(),
-                        store: t.stores[si].name.clone(),
-                    })
-                    .inc();
+                checkpoint::rebuilding(
+                    metrics,
+                    &why,
+                    &t.id.to_string(),
+                    &t.stores[si].name,
+                    &changelog,
+                    p,
+                    "the task's other stores are kept",
+                );
+                rebuild(t, si).map_err(store_err)?;
                 checkpoint = None;
             }
-            let start = checkpoint.unwrap_or(low);
+            let times = Times {
+                read_at,
+                meanwhile: checkpoint.is_none().then_some(read_at),
+            };
+            let start = checkpoint.map_or(low, |c| c.offset);
             progress.left(&t.id.to_string(), &t.stores[si].name, (high - start).max(0));
             if start >= high {
+                if checkpoint.is_some() {
+                    // At the end already: caught up now.
+                    let mark = Mark {
+                        offset: None,
+                        caught_up_at: Some(read_at),
+                    };
+                    apply(t, si, Changes::new(), mark).map_err(store_err)?;
+                }
                 continue;
             }
             backlog += high - start;
@@ -233,12 +266,21 @@ pub fn restore(
                     si,
                     start,
                     high,
+                    times,
                 });
                 continue;
             }
             tpl.add_partition_offset(&changelog, p, Offset::Offset(start))
                 .map_err(kafka)?;
-            targets.insert(p, (ti, si, high));
+            targets.insert(
+                p,
+                Target {
+                    ti,
+                    si,
+                    high,
+                    times,
+                },
+            );
         }
         if targets.is_empty() && bulk.is_empty() {
             continue;
@@ -404,12 +446,44 @@ impl Polling<'_> {
     }
 }
 
+/// The times a restore writes with a store's checkpoints.
+#[derive(Clone, Copy)]
+struct Times {
+    /// When the end to reach was read: the store is caught up at this time once there.
+    read_at: i64,
+    /// The time written on the way: None keeps the checkpoint's (restored from it); a store
+    /// read from the beginning counts from the start of the read.
+    meanwhile: Option<i64>,
+}
+
+impl Times {
+    fn mark(self, offset: i64, at_end: bool) -> Mark {
+        Mark {
+            offset: Some(offset),
+            caught_up_at: if at_end {
+                Some(self.read_at)
+            } else {
+                self.meanwhile
+            },
+        }
+    }
+}
+
+/// A changelog partition restored in write batches.
+struct Target {
+    ti: usize,
+    si: usize,
+    /// Its end when the restore started.
+    high: i64,
+    times: Times,
+}
+
 /// Restore the assigned partitions (`targets`) in write batches of up to [`BATCH_BYTES`]
 /// per partition, each with the store's new checkpoint.
 fn restore_batches(
     polling: &Polling,
     tasks: &mut [Task],
-    mut targets: HashMap<i32, (usize, usize, i64)>,
+    mut targets: HashMap<i32, Target>,
     progress: &mut Progress,
 ) -> Result<(), RestoreError> {
     let started = Instant::now();
@@ -427,7 +501,13 @@ fn restore_batches(
                 (m.partition(), false)
             }
         };
-        let Some(&(ti, si, high)) = targets.get(&p) else {
+        let Some(&Target {
+            ti,
+            si,
+            high,
+            times,
+        }) = targets.get(&p)
+        else {
             continue;
         };
         let batch = pending.remove(&p).unwrap_or_default();
@@ -438,7 +518,7 @@ fn restore_batches(
         }
         let t = &mut tasks[ti];
         if next > 0 {
-            apply(t, si, batch, next)
+            apply(t, si, batch, times.mark(next, done))
                 .map_err(|source| RestoreError::Store { task: t.id, source })?;
         }
         let left = if done { 0 } else { (high - next).max(0) };
@@ -459,6 +539,7 @@ struct Bulk {
     si: usize,
     start: i64,
     high: i64,
+    times: Times,
 }
 
 /// A chunk for the SST writer thread.
@@ -474,6 +555,7 @@ struct SstJob {
     /// The partition's last chunk: the store is restored once it is ingested.
     last: bool,
     high: i64,
+    times: Times,
 }
 
 /// A chunk written: its file (none if it had no record) to ingest, in order.
@@ -552,6 +634,7 @@ fn restore_bulk(
                     path: dir.join(format!("{}-{seq}.sst", b.partition)),
                     last,
                     high: b.high,
+                    times: b.times,
                 })
             };
             let mut chunk = pipe.chunk(progress)?;
@@ -634,8 +717,12 @@ impl Pipeline<'_> {
             }
         }
         if let Some(db) = &t.db {
-            db.ingest(store, file.as_deref(), job.chunk.next)
-                .map_err(self.store_err(job.ti))?;
+            db.ingest(
+                store,
+                file.as_deref(),
+                job.times.mark(job.chunk.next, job.last),
+            )
+            .map_err(self.store_err(job.ti))?;
         }
         let left = if job.last {
             0
@@ -685,19 +772,19 @@ impl Pipeline<'_> {
     }
 }
 
-fn checkpoint_of(t: &Task, si: usize) -> Result<Option<i64>, StoreError> {
+fn checkpoint_of(t: &Task, si: usize) -> Result<Option<Checkpoint>, StoreError> {
     let s = &t.stores[si];
     match (&s.backend, &t.db) {
-        (Backend::Memory(m), _) => Ok(m.read().checkpoint),
-        (Backend::Rocks, Some(db)) => db.checkpoint(&s.name),
+        (Backend::Memory(m), _) => Ok(m.read().stored_checkpoint()),
+        (Backend::Rocks, Some(db)) => db.stored_checkpoint(&s.name),
         (Backend::Rocks, None) => Ok(None),
     }
 }
 
-fn apply(t: &mut Task, si: usize, batch: Changes, next: i64) -> Result<(), StoreError> {
+fn apply(t: &mut Task, si: usize, batch: Changes, mark: Mark) -> Result<(), StoreError> {
     let name = t.stores[si].name.clone();
     if t.stores[si].is_in_memory() {
-        t.stores[si].apply_in_memory(&batch, Some(next));
+        t.stores[si].apply_in_memory(&batch, mark);
         return Ok(());
     }
     let Some(db) = &t.db else { return Ok(()) };
@@ -710,7 +797,7 @@ fn apply(t: &mut Task, si: usize, batch: Changes, next: i64) -> Result<(), Store
             },
         )
     });
-    db.write(changes, [(name.as_str(), next)])
+    db.write(changes, [(name.as_str(), mark)])
 }
 
 /// Empty one store of a task (data and checkpoint together); its other stores are untouched.

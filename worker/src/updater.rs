@@ -14,16 +14,26 @@
 //!
 //! Lag per store is the changelog's end minus the position the store's checkpoint holds. The
 //! end is the last stable offset librdkafka's statistics report every second (no request of
-//! its own), or the end seen when the replica opened, or past the last record read.
+//! its own), or the end seen when the replica opened, or past the last record read. An end no
+//! fetch response confirmed for [`crate::ends::FRESH_FOR`] makes the lag unknown (None), not a
+//! number that stopped moving: queries bounded by `maxLag` and the operator's "caught up" then
+//! do not trust the copy.
+//!
+//! Each checkpoint written carries when the store was last at its changelog's end (see
+//! [`crate::checkpoint`]): the time a fetch confirmed the end it reached, refreshed while it
+//! stays there. A store that falls behind for longer than its changelog keeps tombstones is
+//! opened again, which checks it like a restore does.
 
 use crate::cache::Changes;
+use crate::checkpoint;
 use crate::config::WorkerConfig;
+use crate::ends::{self, Ends};
 use crate::metrics::{Metrics, RoleLabels, StoreLabels};
 use crate::plan;
 use crate::query::Holder;
 use crate::restore::{BATCH_BYTES, Pending};
 use crate::status::Status;
-use crate::store::{Change, MemoryStore, StateResources, StoreError, TaskDb};
+use crate::store::{Change, Checkpoint, Mark, MemoryStore, StateResources, StoreError, TaskDb};
 use eddy_crds::TaskId;
 use eddy_crds::resource::{TaskRole, TaskState, TaskStatus};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -82,7 +92,7 @@ impl Updater {
                     resources,
                     metrics,
                     status,
-                    ends: Arc::new(Mutex::new(HashMap::new())),
+                    ends: Arc::new(Mutex::new(Ends::default())),
                     consumer: None,
                     replicas: Vec::new(),
                     reopen: Vec::new(),
@@ -144,21 +154,15 @@ impl Drop for Updater {
     }
 }
 
-/// Changelog ends (last stable offsets) from librdkafka's statistics, by (topic, partition).
-type Ends = Arc<Mutex<HashMap<(String, i32), i64>>>;
+/// Changelog ends (last stable offsets) from librdkafka's statistics.
+type SharedEnds = Arc<Mutex<Ends>>;
 
-struct UpdaterContext(Ends);
+struct UpdaterContext(SharedEnds);
 
 impl ClientContext for UpdaterContext {
     fn stats(&self, stats: Statistics) {
         let Ok(mut ends) = self.0.lock() else { return };
-        for (topic, t) in stats.topics {
-            for (p, part) in t.partitions {
-                if p >= 0 && part.ls_offset >= 0 {
-                    ends.insert((topic.clone(), p), part.ls_offset);
-                }
-            }
-        }
+        ends.observe_stats(&stats, Instant::now());
     }
 }
 impl ConsumerContext for UpdaterContext {}
@@ -173,6 +177,17 @@ struct ReplicaStore {
     position: i64,
     /// The changelog's end as last known.
     end: Option<i64>,
+    /// When the end was last confirmed by the broker (see [`ends::fresh`]).
+    end_at: Option<Instant>,
+    /// When the store was last at its changelog's end, as its checkpoint says (ms since the
+    /// epoch).
+    caught_up_at: Option<i64>,
+    /// The time written with batches until the store first reaches the end: when its read
+    /// from the changelog's beginning started (None: it started from a checkpoint, whose
+    /// time stays).
+    meanwhile: Option<i64>,
+    /// The changelog's `delete.retention.ms`, if it is compacted.
+    tombstones: Option<i64>,
     pending: Pending,
     /// A record arrived since the changelog was assigned: only then does the consumer's
     /// position speak for this assignment.
@@ -193,15 +208,19 @@ struct Replica {
     queryable: bool,
 }
 
+impl ReplicaStore {
+    /// Records the store lacks; None while its changelog's end is not known to be current.
+    fn lag(&self, now: Instant) -> Option<i64> {
+        plan::lag(self.position, ends::fresh(self.end, self.end_at, now))
+    }
+}
+
 impl Replica {
-    fn lag(&self) -> Option<i64> {
-        self.stores
-            .iter()
-            .map(|s| plan::lag(s.position, s.end))
-            .sum()
+    fn lag(&self, now: Instant) -> Option<i64> {
+        self.stores.iter().map(|s| s.lag(now)).sum()
     }
 
-    fn report(&self) -> TaskStatus {
+    fn report(&self, now: Instant) -> TaskStatus {
         TaskStatus {
             role: self.role,
             state: if self.caught_up {
@@ -210,7 +229,7 @@ impl Replica {
                 TaskState::Restoring
             },
             restore_backlog: 0,
-            lag: self.lag(),
+            lag: self.lag(now),
         }
     }
 }
@@ -220,7 +239,7 @@ struct State {
     resources: Arc<StateResources>,
     metrics: Arc<Metrics>,
     status: Arc<Status>,
-    ends: Ends,
+    ends: SharedEnds,
     /// Created with the first replica, kept for the life of the thread.
     consumer: Option<BaseConsumer<UpdaterContext>>,
     replicas: Vec<Replica>,
@@ -260,6 +279,9 @@ enum ReplicaError {
 const APPLY_EVERY: Duration = Duration::from_millis(100);
 /// Pause before opening a replica again after it failed.
 const REOPEN_AFTER: Duration = Duration::from_secs(5);
+/// How often a store that stays at its changelog's end writes that it still is: a restart
+/// then finds its checkpoint recent, though nothing moved it.
+const CAUGHT_UP_EVERY_MS: i64 = 60_000;
 
 impl State {
     fn run(mut self, rx: Receiver<Command>) {
@@ -368,14 +390,21 @@ impl State {
     /// Open the replicas of `wanted` not followed yet (with `given`: in-memory stores of
     /// tasks demoted here).
     fn open_missing(&mut self, wanted: &[(TaskId, TaskRole)], mut given: MemoryStores) {
-        for (id, role) in wanted {
-            if self.replicas.iter().any(|r| r.id == *id)
-                || self.reopen.iter().any(|(t, _, _)| t == id)
-            {
-                continue;
-            }
+        let missing: Vec<(TaskId, TaskRole)> = wanted
+            .iter()
+            .filter(|(id, _)| {
+                !self.replicas.iter().any(|r| r.id == *id)
+                    && !self.reopen.iter().any(|(t, _, _)| t == id)
+            })
+            .copied()
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let retention = self.retention();
+        for (id, role) in &missing {
             let memory = given.remove(id).unwrap_or_default();
-            if let Err(e) = self.open(*id, *role, memory) {
+            if let Err(e) = self.open(*id, *role, memory, &retention) {
                 tracing::warn!(error = %e, retry_in = ?REOPEN_AFTER, "could not start following a standby task");
                 self.reopen
                     .push((*id, *role, Instant::now() + REOPEN_AFTER));
@@ -396,8 +425,9 @@ impl State {
             return;
         }
         self.reopen.retain(|(_, _, at)| *at > now);
+        let retention = self.retention();
         for (id, role) in due {
-            if let Err(e) = self.open(id, role, Vec::new()) {
+            if let Err(e) = self.open(id, role, Vec::new(), &retention) {
                 tracing::warn!(error = %e, retry_in = ?REOPEN_AFTER, "could not start following a standby task");
                 self.reopen.push((id, role, Instant::now() + REOPEN_AFTER));
             }
@@ -406,14 +436,41 @@ impl State {
         self.publish();
     }
 
+    /// The tombstone retention of the app's changelogs, read once for the replicas opened
+    /// together (a lowered `delete.retention.ms` applies from their next opening).
+    fn retention(&self) -> Result<HashMap<String, Option<i64>>, KafkaError> {
+        let app = &self.cfg.application_id;
+        let names: Vec<String> = self
+            .cfg
+            .topology
+            .subtopologies
+            .iter()
+            .flat_map(|s| s.stores.iter())
+            .map(|d| eddy_crds::topics::changelog(app, &d.name))
+            .collect();
+        if names.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        crate::changelog::tombstone_retention(&self.cfg, &names)
+            .map_err(crate::changelog::TopicError::into_kafka)
+    }
+
     /// Open a replica's stores at their checkpoints and start tailing their changelogs. A
-    /// checkpoint its changelog no longer covers empties that store (as restore does).
+    /// checkpoint its changelog no longer covers, or older than the changelog keeps
+    /// tombstones, empties that store (as restore does).
     fn open(
         &mut self,
         id: TaskId,
         role: TaskRole,
         mut memory: Vec<(String, MemoryStore)>,
+        retention: &Result<HashMap<String, Option<i64>>, KafkaError>,
     ) -> Result<(), ReplicaError> {
+        let retention = retention.as_ref().map_err(|e| ReplicaError::Kafka {
+            task: id,
+            topic: "the changelogs' configs".into(),
+            source: e.clone(),
+        })?;
         let store_err = |source| ReplicaError::Store { task: id, source };
         let Some(sub) = self
             .cfg
@@ -463,9 +520,12 @@ impl State {
                 topic: changelog.clone(),
                 source,
             };
+            // Before the end is read: the end reached was the end at this time at the latest.
+            let read_at = crate::record::now_ms();
             let (low, high) = consumer
                 .fetch_watermarks(&changelog, id.partition, Duration::from_secs(30))
                 .map_err(kafka)?;
+            let end_at = Instant::now();
             let mut mem = if in_memory {
                 Some(
                     memory
@@ -477,29 +537,37 @@ impl State {
             } else {
                 None
             };
-            let mut checkpoint = match (&mem, &db) {
-                (Some(m), _) => m.read().checkpoint,
-                (None, Some(db)) => db.checkpoint(&name).map_err(store_err)?,
+            let mut checkpoint: Option<Checkpoint> = match (&mem, &db) {
+                (Some(m), _) => m.read().stored_checkpoint(),
+                (None, Some(db)) => db.stored_checkpoint(&name).map_err(store_err)?,
                 (None, None) => None,
             };
             let labels = StoreLabels {
                 task: id.to_string(),
                 store: name.clone(),
             };
+            let tombstones = retention.get(&changelog).copied().flatten();
             if let Some(c) = checkpoint
-                && (c > high || c < low)
+                && let Some(why) = checkpoint::check(c, low, high, tombstones, read_at)
             {
-                tracing::warn!(task = %id, store = %name, changelog = %changelog, partition = id.partition, checkpoint = c, low, high,
-                    "changelog no longer covers the standby's checkpoint: emptying this store and rebuilding it from what the changelog has");
+                checkpoint::rebuilding(
+                    &self.metrics,
+                    &why,
+                    &labels.task,
+                    &name,
+                    &changelog,
+                    id.partition,
+                    "a standby or warm-up copy; the task's other stores are kept",
+                );
                 match (&mut mem, &db) {
                     (Some(m), _) => m.clear(),
                     (None, Some(db)) => db.clear(&name).map_err(store_err)?,
                     (None, None) => {}
                 }
-                self.metrics.stores_rebuilt.get_or_create(&labels).inc();
                 checkpoint = None;
             }
-            let position = checkpoint.unwrap_or(low);
+            let position = checkpoint.map_or(low, |c| c.offset);
+            let meanwhile = checkpoint.is_none().then_some(read_at);
             tpl.add_partition_offset(&changelog, id.partition, Offset::Offset(position))
                 .map_err(kafka)?;
             stores.push(ReplicaStore {
@@ -508,6 +576,10 @@ impl State {
                 memory: mem,
                 position,
                 end: Some(high),
+                end_at: Some(end_at),
+                caught_up_at: checkpoint.and_then(|c| c.caught_up_at).or(meanwhile),
+                meanwhile,
+                tombstones,
                 pending: Pending::default(),
                 fresh: false,
                 labels,
@@ -530,7 +602,7 @@ impl State {
             caught_up: false,
             queryable: false,
         };
-        tracing::info!(task = %id, %role, lag = ?r.lag(), "following the task's changelogs");
+        tracing::info!(task = %id, %role, lag = ?r.lag(Instant::now()), "following the task's changelogs");
         self.replicas.push(r);
         Ok(())
     }
@@ -539,7 +611,7 @@ impl State {
     /// return its in-memory stores.
     fn close(&mut self, mut r: Replica) -> Vec<(String, MemoryStore)> {
         self.status.queries.withdraw(r.id, Holder::Replica);
-        if let Err(e) = apply(&mut r, &self.metrics, &HashMap::new()) {
+        if let Err(e) = apply(&mut r, &self.metrics, &HashMap::new(), Instant::now()) {
             tracing::warn!(error = %e, "writing a standby's last records before letting it go (they are read again later)");
         }
         let mut tpl = TopicPartitionList::new();
@@ -631,17 +703,25 @@ impl State {
     /// Write every replica's pending records with their checkpoints.
     fn apply_all(&mut self) {
         let positions = self.positions();
-        let ends = self.ends.lock().map(|e| e.clone()).unwrap_or_default();
+        let now = Instant::now();
         let mut failed = Vec::new();
         for (i, r) in self.replicas.iter_mut().enumerate() {
-            for s in &mut r.stores {
-                // At most a second old; records read past it move the end too (`poll`).
-                if let Some(e) = ends.get(&(s.changelog.clone(), r.id.partition)) {
-                    s.end = Some(s.end.unwrap_or(0).max(*e));
+            if let Ok(ends) = self.ends.lock() {
+                for s in &mut r.stores {
+                    // Records read past it move the end too (`poll`), not its confirmation.
+                    if let Some(e) = ends.get(&s.changelog, r.id.partition) {
+                        s.end = Some(s.end.unwrap_or(0).max(e.offset));
+                        s.end_at = s.end_at.max(e.confirmed);
+                    }
                 }
             }
-            if let Err(e) = apply(r, &self.metrics, &positions) {
+            if let Err(e) = apply(r, &self.metrics, &positions, now) {
                 tracing::warn!(error = %e, retry_in = ?REOPEN_AFTER, "writing a standby's records failed: opening it again from its checkpoint");
+                failed.push(i);
+            } else if let Some((store, why)) = behind_tombstones(r) {
+                // Opening checks it against the changelog, as a restore would.
+                tracing::warn!(task = %r.id, store, reason = why.reason(), retry_in = ?REOPEN_AFTER,
+                    "{why}: opening the standby again");
                 failed.push(i);
             }
         }
@@ -694,17 +774,15 @@ impl State {
     }
 
     fn publish(&self) {
+        let now = Instant::now();
         let report: std::collections::BTreeMap<String, TaskStatus> = self
             .replicas
             .iter()
-            .map(|r| (r.id.to_string(), r.report()))
+            .map(|r| (r.id.to_string(), r.report(now)))
             .collect();
+        let now = Instant::now();
         for r in &self.replicas {
-            for s in &r.stores {
-                if let Some(l) = plan::lag(s.position, s.end) {
-                    self.metrics.standby_lag.get_or_create(&s.labels).set(l);
-                }
-            }
+            publish_lag(&self.metrics, r, now);
         }
         if let Ok(mut m) = self.status.replicas.lock() {
             *m = report;
@@ -725,14 +803,52 @@ impl State {
     }
 }
 
+/// The lag metric of each store of `r`.
+fn publish_lag(metrics: &Metrics, r: &Replica, now: Instant) {
+    for s in &r.stores {
+        match s.lag(now) {
+            Some(l) => {
+                metrics.standby_lag.get_or_create(&s.labels).set(l);
+            }
+            // Not known: no series, rather than the last number.
+            None => {
+                metrics.standby_lag.remove(&s.labels);
+            }
+        }
+    }
+}
+
+/// A store of `r` that is not at its changelog's end and was last there longer ago than its
+/// changelog keeps tombstones: following it on could miss deletes.
+fn behind_tombstones(r: &Replica) -> Option<(&str, checkpoint::Distrust)> {
+    let now = Instant::now();
+    let now_ms = crate::record::now_ms();
+    r.stores
+        .iter()
+        .filter(|s| s.lag(now) != Some(0))
+        .find_map(|s| {
+            let c = Checkpoint {
+                offset: s.position,
+                caught_up_at: s.caught_up_at,
+            };
+            // The end is not known to be current here: only the age counts.
+            let why = checkpoint::check(c, i64::MIN, i64::MAX, s.tombstones, now_ms)?;
+            Some((s.name.as_str(), why))
+        })
+}
+
 /// Write a replica's pending records, each store's batch with its new checkpoint in one
-/// atomic write; a store with nothing pending moves its checkpoint past control records.
+/// atomic write; a store with nothing pending moves its checkpoint past control records. A
+/// store at its changelog's end (against an end confirmed lately) records the time of that
+/// confirmation as when it was last caught up.
 fn apply(
     r: &mut Replica,
     metrics: &Metrics,
     positions: &HashMap<(String, i32), i64>,
+    now: Instant,
 ) -> Result<(), StoreError> {
     let p = r.id.partition;
+    let now_ms = crate::record::now_ms();
     for s in &mut r.stores {
         let batch = std::mem::take(&mut s.pending);
         let consumed = positions
@@ -743,12 +859,37 @@ fn apply(
         // Everything before the consumer's position was handed to `poll` and is in the
         // batch, so the checkpoint may go that far.
         let next = batch.next.max(consumed);
-        if next <= s.position && batch.read == 0 {
+        let moves = next > s.position || batch.read > 0;
+        let at_end = plan::lag(next.max(s.position), ends::fresh(s.end, s.end_at, now)) == Some(0);
+        // The end reached was the end when the broker confirmed it.
+        let confirmed_ms = s.end_at.map(|at| {
+            let ago = now.saturating_duration_since(at).as_millis();
+            now_ms.saturating_sub(i64::try_from(ago).unwrap_or(i64::MAX))
+        });
+        let caught_up_at = match (at_end, confirmed_ms) {
+            (true, Some(at))
+                if moves
+                    || s.caught_up_at
+                        .is_none_or(|t| at.saturating_sub(t) >= CAUGHT_UP_EVERY_MS) =>
+            {
+                Some(at)
+            }
+            _ if moves => s.meanwhile,
+            _ => None,
+        };
+        if at_end {
+            s.meanwhile = None;
+        }
+        if !moves && caught_up_at.is_none() {
             continue;
         }
+        let mark = Mark {
+            offset: moves.then_some(next),
+            caught_up_at,
+        };
         let changes: Changes = batch.latest.into_iter().collect();
         match (&mut s.memory, &r.db) {
-            (Some(m), _) => m.apply([], &changes, Some(next)),
+            (Some(m), _) => m.apply([], &changes, mark),
             (None, Some(db)) => db.write(
                 changes.iter().map(|(k, v)| {
                     (
@@ -759,11 +900,14 @@ fn apply(
                         },
                     )
                 }),
-                [(s.name.as_str(), next)],
+                [(s.name.as_str(), mark)],
             )?,
             (None, None) => {}
         }
         s.position = next.max(s.position);
+        if caught_up_at.is_some() {
+            s.caught_up_at = caught_up_at;
+        }
         if batch.read > 0 {
             metrics
                 .standby_updated
@@ -771,7 +915,7 @@ fn apply(
                 .inc_by(batch.read);
         }
     }
-    if !r.caught_up && r.lag() == Some(0) {
+    if !r.caught_up && r.lag(now) == Some(0) {
         r.caught_up = true;
         tracing::info!(task = %r.id, role = %r.role, "standby caught up with its changelogs");
     }
@@ -782,6 +926,10 @@ fn apply(
 mod tests {
     use super::*;
 
+    const CHANGELOG: &str = "app-counts-changelog";
+
+    /// A standby of one in-memory store at `position`, its changelog's end `end` confirmed
+    /// just now.
     fn replica(position: i64, end: i64) -> Replica {
         Replica {
             id: TaskId::new(0, 1),
@@ -789,10 +937,14 @@ mod tests {
             db: None,
             stores: vec![ReplicaStore {
                 name: "counts".into(),
-                changelog: "app-counts-changelog".into(),
+                changelog: CHANGELOG.into(),
                 memory: Some(MemoryStore::default()),
                 position,
                 end: Some(end),
+                end_at: Some(Instant::now()),
+                caught_up_at: None,
+                meanwhile: None,
+                tombstones: Some(86_400_000),
                 pending: Pending::default(),
                 fresh: false,
                 labels: StoreLabels {
@@ -805,42 +957,129 @@ mod tests {
         }
     }
 
+    fn at(offset: i64) -> HashMap<(String, i32), i64> {
+        HashMap::from([((CHANGELOG.to_string(), 1), offset)])
+    }
+
     #[test]
     fn a_batch_is_applied_with_its_checkpoint_and_the_lag_falls() {
         let metrics = Metrics::new();
+        let now = Instant::now();
         let mut r = replica(10, 14);
-        assert_eq!(r.lag(), Some(4));
-        assert_eq!(r.report().state, TaskState::Restoring);
+        assert_eq!(r.lag(now), Some(4));
+        assert_eq!(r.report(now).state, TaskState::Restoring);
         let s = &mut r.stores[0];
         s.pending.add(b"a", Some(b"1"), 10);
         s.pending.add(b"a", Some(b"2"), 11);
         s.pending.add(b"b", None, 12);
         s.fresh = true;
         // The consumer is past the control record at 13.
-        let positions = HashMap::from([(("app-counts-changelog".to_string(), 1), 14)]);
-        apply(&mut r, &metrics, &positions).expect("apply");
+        apply(&mut r, &metrics, &at(14), now).expect("apply");
         let m = r.stores[0].memory.as_ref().expect("memory").read();
         assert_eq!(
             m.map.get(b"a".as_slice()).map(Vec::as_slice),
             Some(b"2".as_slice())
         );
         assert_eq!(m.checkpoint, Some(14));
-        assert_eq!(r.lag(), Some(0));
+        assert!(
+            m.caught_up_at
+                .is_some_and(|t| (crate::record::now_ms() - t).abs() < 5_000),
+            "at the end: caught up when the end was confirmed ({:?})",
+            m.caught_up_at
+        );
+        drop(m);
+        assert_eq!(r.lag(now), Some(0));
         assert!(r.caught_up);
-        assert_eq!(r.report().state, TaskState::Running);
-        assert_eq!(r.report().role, TaskRole::Standby);
+        assert_eq!(r.report(now).state, TaskState::Running);
+        assert_eq!(r.report(now).role, TaskRole::Standby);
     }
 
     #[test]
     fn a_position_from_before_the_assignment_does_not_move_the_checkpoint() {
         let metrics = Metrics::new();
+        let now = Instant::now();
         let mut r = replica(5, 20);
         // Nothing read since the changelog was assigned: the consumer's position may be a
         // previous assignment's, and must not skip records the store lacks.
-        let positions = HashMap::from([(("app-counts-changelog".to_string(), 1), 20)]);
-        apply(&mut r, &metrics, &positions).expect("apply");
+        apply(&mut r, &metrics, &at(20), now).expect("apply");
         assert_eq!(r.stores[0].position, 5);
-        assert_eq!(r.lag(), Some(15));
+        assert_eq!(r.lag(now), Some(15));
         assert!(!r.caught_up);
+    }
+
+    /// The lag of a copy whose changelog end nobody confirmed lately is unknown: a stalled
+    /// consumer leaves the end where it was, and the lag would read 0 while the changelog
+    /// grows.
+    #[test]
+    fn a_lag_against_an_end_not_confirmed_lately_is_unknown() {
+        let metrics = Metrics::new();
+        let mut r = replica(14, 14);
+        let confirmed = Instant::now();
+        r.stores[0].end_at = Some(confirmed);
+        let later = confirmed + ends::FRESH_FOR + Duration::from_millis(1);
+        assert_eq!(r.lag(confirmed + ends::FRESH_FOR), Some(0));
+        assert_eq!(r.lag(later), None);
+        assert_eq!(r.report(later).lag, None);
+        apply(&mut r, &metrics, &at(14), later).expect("apply");
+        assert!(!r.caught_up, "not RUNNING on a stale end");
+        assert_eq!(
+            r.stores[0]
+                .memory
+                .as_ref()
+                .expect("memory")
+                .read()
+                .caught_up_at,
+            None,
+            "no time claimed"
+        );
+        // Never confirmed at all: unknown too.
+        r.stores[0].end_at = None;
+        assert_eq!(r.lag(confirmed), None);
+        // Published: no series rather than the last number.
+        let labels = r.stores[0].labels.clone();
+        metrics.standby_lag.get_or_create(&labels).set(0);
+        publish_lag(&metrics, &r, later);
+        assert!(
+            !metrics.encode().contains("eddy_standby_lag_records{"),
+            "{}",
+            metrics.encode()
+        );
+    }
+
+    #[test]
+    fn a_store_that_stays_at_the_end_says_so_now_and_then_and_one_left_behind_is_reopened() {
+        let metrics = Metrics::new();
+        let now = Instant::now();
+        let now_ms = crate::record::now_ms();
+        let mut r = replica(14, 14);
+        r.stores[0].caught_up_at = Some(now_ms - 1_000);
+        apply(&mut r, &metrics, &HashMap::new(), now).expect("apply");
+        assert_eq!(
+            r.stores[0]
+                .memory
+                .as_ref()
+                .expect("memory")
+                .read()
+                .caught_up_at,
+            None,
+            "a second ago is recent enough: nothing written"
+        );
+        r.stores[0].caught_up_at = Some(now_ms - CAUGHT_UP_EVERY_MS - 1_000);
+        apply(&mut r, &metrics, &HashMap::new(), now).expect("apply");
+        let written = r.stores[0]
+            .memory
+            .as_ref()
+            .expect("memory")
+            .read()
+            .caught_up_at;
+        assert!(written.is_some_and(|t| t >= now_ms - 1_000), "{written:?}");
+        assert_eq!(behind_tombstones(&r).map(|(s, _)| s), None);
+        // Behind, and last caught up longer ago than the changelog keeps tombstones.
+        let mut r = replica(5, 20);
+        r.stores[0].caught_up_at = Some(now_ms - 86_400_000);
+        let (store, why) = behind_tombstones(&r).expect("too old");
+        assert_eq!((store, why.reason()), ("counts", "tombstones_expired"));
+        r.stores[0].tombstones = None;
+        assert!(behind_tombstones(&r).is_none(), "not compacted: no age");
     }
 }

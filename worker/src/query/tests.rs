@@ -633,7 +633,7 @@ fn an_in_memory_store_answers_as_the_same_store_on_disk() {
             .iter()
             .map(|(k, v)| (k.clone(), Some(v.clone())))
             .collect();
-        mem.apply([], &changes, Some(21));
+        mem.apply([], &changes, crate::store::Mark::from(21));
         let s = info("s", kind, Format::String, Format::I64, false);
         let (disk, memory) = (db.snapshot(), mem.view(schema));
         assert_eq!(memory.checkpoint("s").expect("checkpoint"), Some(21));
@@ -984,7 +984,11 @@ fn a_copy_of_in_memory_stores_answers_until_withdrawn() {
     let catalog = super::Catalog::default();
     let task = TaskId::new(0, 2);
     let mem = MemoryStore::default();
-    mem.apply([], &[(b"k".to_vec(), Some(b"v".to_vec()))], Some(3));
+    mem.apply(
+        [],
+        &[(b"k".to_vec(), Some(b"v".to_vec()))],
+        crate::store::Mark::from(3),
+    );
     catalog.publish(task, Holder::Active, None, vec![("m".into(), mem.clone())]);
     assert_eq!(catalog.holder(task), Some(Holder::Active));
     let read = |c: &super::Catalog| {
@@ -997,7 +1001,11 @@ fn a_copy_of_in_memory_stores_answers_until_withdrawn() {
     };
     assert_eq!(read(&catalog), Some((Some(b"v".to_vec()), Some(3))));
     // A later commit is seen: the copy shares the store, it is not a copy of its data.
-    mem.apply([], &[(b"k".to_vec(), Some(b"w".to_vec()))], Some(4));
+    mem.apply(
+        [],
+        &[(b"k".to_vec(), Some(b"w".to_vec()))],
+        crate::store::Mark::from(4),
+    );
     assert_eq!(read(&catalog), Some((Some(b"w".to_vec()), Some(4))));
     catalog.withdraw(task, Holder::Active);
     assert_eq!(catalog.holder(task), None);

@@ -140,7 +140,7 @@ impl Driver {
         self.flush();
         for s in &mut self.stores {
             let changes = s.take_committed(0);
-            s.apply_in_memory(&changes, None);
+            s.apply_in_memory(&changes, crate::store::Mark::default());
         }
     }
 

@@ -3,7 +3,7 @@
 //! it) writes committed changes into it, and interactive queries read it under the same lock,
 //! so an answer and the changelog position it reflects are read together.
 
-use super::{Entries, StoreError, View};
+use super::{Entries, Mark, StoreError, View};
 use crate::window::KeySchema;
 use std::collections::BTreeMap;
 use std::ops::Bound::{Excluded, Included, Unbounded};
@@ -19,6 +19,18 @@ pub struct MemoryData {
     pub map: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The changelog offset the data reflects (the next one to read), once known.
     pub checkpoint: Option<i64>,
+    /// When the data was last known to be at its changelog's end, ms since the epoch.
+    pub caught_up_at: Option<i64>,
+}
+
+impl MemoryData {
+    /// The checkpoint with its time, as a store on disk has it.
+    pub fn stored_checkpoint(&self) -> Option<super::Checkpoint> {
+        Some(super::Checkpoint {
+            offset: self.checkpoint?,
+            caught_up_at: self.caught_up_at,
+        })
+    }
 }
 
 impl MemoryStore {
@@ -31,12 +43,13 @@ impl MemoryStore {
     }
 
     /// Apply committed changes (`None` deletes), after emptying the `cleared` key ranges
-    /// (`[from, to)`), and move the checkpoint if one is given: one step for readers.
+    /// (`[from, to)`), and move the checkpoint and its time as `mark` says: one step for
+    /// readers.
     pub fn apply(
         &self,
         cleared: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
         changes: &[(Vec<u8>, Option<Vec<u8>>)],
-        checkpoint: Option<i64>,
+        mark: Mark,
     ) {
         let mut d = self.write();
         for (from, to) in cleared {
@@ -51,8 +64,11 @@ impl MemoryStore {
                 None => d.map.remove(k),
             };
         }
-        if checkpoint.is_some() {
-            d.checkpoint = checkpoint;
+        if mark.offset.is_some() {
+            d.checkpoint = mark.offset;
+        }
+        if mark.caught_up_at.is_some() {
+            d.caught_up_at = mark.caught_up_at;
         }
     }
 
@@ -231,11 +247,11 @@ mod tests {
     fn clones_share_the_data_and_a_change_moves_the_checkpoint_with_it() {
         let s = MemoryStore::default();
         let reader = s.clone();
-        s.apply([], &[(b"a".to_vec(), Some(b"1".to_vec()))], Some(5));
+        s.apply([], &[(b"a".to_vec(), Some(b"1".to_vec()))], Mark::from(5));
         s.apply(
             [(b"a".to_vec(), b"b".to_vec())],
             &[(b"c".to_vec(), Some(b"3".to_vec()))],
-            None,
+            Mark::default(),
         );
         let d = reader.read();
         assert_eq!(d.range(b"", None, 10), vec![(b"c".to_vec(), b"3".to_vec())]);
@@ -252,7 +268,7 @@ mod tests {
             .iter()
             .map(|k| (k.to_vec(), Some(k.to_vec())))
             .collect();
-        s.apply([], &changes, None);
+        s.apply([], &changes, Mark::default());
         let d = s.read();
         let keys = |e: Entries| e.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
         assert_eq!(
@@ -280,7 +296,7 @@ mod tests {
         .iter()
         .map(|(k, t)| (wkey(k, *t), Some(b"v".to_vec())))
         .collect();
-        s.apply([], &changes, None);
+        s.apply([], &changes, Mark::default());
         let d = s.read();
         let got = d.windows(schema, b"a", 5, 20, 10);
         assert_eq!(

@@ -28,6 +28,11 @@ const META_CF: &str = "eddy-meta";
 /// RocksDB's own family, always present: it cannot be dropped, only emptied.
 const DEFAULT_CF: &str = rocksdb::DEFAULT_COLUMN_FAMILY_NAME;
 const CHECKPOINT_PREFIX: &[u8] = b"checkpoint/";
+/// When each checkpoint's store was last known to be at its changelog's end (ms since the
+/// epoch), under the checkpoint's own name: a key of its own rather than a wider checkpoint
+/// value, so an earlier version still reads the checkpoints of a newer one (it ignores these
+/// keys; the times it leaves behind only age, which errs towards a rebuild).
+const CAUGHT_UP_PREFIX: &[u8] = b"caught-up/";
 /// Segment interval of a window store's family, so a family laid out for another interval
 /// (its retention changed) is rebuilt rather than misread.
 const SEGMENTS_PREFIX: &[u8] = b"segments/";
@@ -209,6 +214,37 @@ pub struct Change<'a> {
     pub value: Option<&'a [u8]>,
 }
 
+/// What a write says of a store's place in its changelog (see [`crate::checkpoint`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mark {
+    /// The changelog offset the store's data reflects from now on (the next one to read);
+    /// None: as it was.
+    pub offset: Option<i64>,
+    /// When the store was last known to be at its changelog's end, in ms since the epoch;
+    /// None: as it was.
+    pub caught_up_at: Option<i64>,
+}
+
+impl From<i64> for Mark {
+    /// A new offset, with the time the store was last caught up left as it was.
+    fn from(offset: i64) -> Self {
+        Mark {
+            offset: Some(offset),
+            caught_up_at: None,
+        }
+    }
+}
+
+/// A store's checkpoint as stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The changelog offset the data reflects (the next one to read).
+    pub offset: i64,
+    /// When the store was last known to be at its changelog's end, ms since the epoch. None
+    /// only for a checkpoint nothing dated, which counts as too old to trust.
+    pub caught_up_at: Option<i64>,
+}
+
 /// What opening a task's database changed so that its families match the topology.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Reconciled {
@@ -219,6 +255,9 @@ pub struct Reconciled {
     /// store added back before the next start finished it): emptied, so they restore their
     /// whole changelog.
     pub cleared: Vec<String>,
+    /// Checkpoints written by a version that recorded no time with them (by checkpoint name),
+    /// now dated by the database's newest data file (see [`TaskDb::open`]).
+    pub dated: Vec<String>,
 }
 
 impl TaskDb {
@@ -236,6 +275,8 @@ impl TaskDb {
             path: path.to_path_buf(),
             source,
         })?;
+        // Before RocksDB opens it: opening writes files of its own.
+        let written_at = newest_data_file(path);
         let existing = existing_families(res, path)?;
         // RocksDB refuses to open a database without naming every family it has.
         let mut names: Vec<&str> = stores.iter().map(String::as_str).collect();
@@ -275,7 +316,12 @@ impl TaskDb {
                 o
             },
         };
-        let reconciled = db.reconcile(&existing, stores)?;
+        let mut reconciled = db.reconcile(&existing, stores)?;
+        reconciled.dated = db.date_undated(written_at)?;
+        if !reconciled.dated.is_empty() {
+            tracing::info!(path = %path.display(), checkpoints = ?reconciled.dated, written_at = ?written_at,
+                "checkpoints from an earlier eddy version carry no time: taking the last write to the store's files as when they were last caught up with their changelogs");
+        }
         // SST files a killed restore wrote but did not ingest: whatever restores next (a bulk
         // restore, batches, a standby) starts from the checkpoint and never needs them.
         db.clear_ingest_dir()?;
@@ -301,6 +347,20 @@ impl TaskDb {
             // A global table's checkpoints are per partition: `<store>#<partition>`.
             let store = name.split('#').next().unwrap_or_default();
             if !kept(store) {
+                batch.delete_cf(meta, key);
+            }
+            it.next();
+        }
+        self.rocks(it.status())?;
+        // A time means something only next to its checkpoint: the times of stores gone and of
+        // checkpoints gone (a store emptied, a drop cut short) go too.
+        it.seek(CAUGHT_UP_PREFIX);
+        while let Some(key) = it.key().filter(|k| k.starts_with(CAUGHT_UP_PREFIX)) {
+            let name = &key[CAUGHT_UP_PREFIX.len()..];
+            let store = String::from_utf8_lossy(name);
+            let store = store.split('#').next().unwrap_or_default();
+            let checkpoint = [CHECKPOINT_PREFIX, name].concat();
+            if !kept(store) || self.rocks(self.db.get_cf(meta, &checkpoint))?.is_none() {
                 batch.delete_cf(meta, key);
             }
             it.next();
@@ -354,12 +414,14 @@ impl TaskDb {
             if had.as_deref() != Some(&want[..]) {
                 if had.is_some() && self.clear_into(&mut batch, store)? {
                     batch.delete_cf(meta, checkpoint_key(store));
+                    batch.delete_cf(meta, caught_up_key(store));
                     cleared.push(store.clone());
                 } else if had.is_none() && self.checkpoint(store)?.is_some() {
                     // A key-value store of the same name became a window store: its keys mean
                     // something else now.
                     self.clear_into(&mut batch, store)?;
                     batch.delete_cf(meta, checkpoint_key(store));
+                    batch.delete_cf(meta, caught_up_key(store));
                     cleared.push(store.clone());
                 }
                 batch.put_cf(meta, &key, &want);
@@ -561,6 +623,67 @@ impl TaskDb {
         }
     }
 
+    /// A checkpoint (a store's, or one partition's of a store fed by several, named by
+    /// [`partition_checkpoint`]) with the time it was last caught up.
+    pub fn stored_checkpoint(&self, name: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let Some(offset) = self.checkpoint(name)? else {
+            return Ok(None);
+        };
+        Ok(Some(Checkpoint {
+            offset,
+            caught_up_at: self.caught_up_at(name)?,
+        }))
+    }
+
+    /// When the store (or partition) named was last known to be at its changelog's end.
+    pub fn caught_up_at(&self, name: &str) -> Result<Option<i64>, StoreError> {
+        let meta = self.cf(META_CF)?;
+        match self.rocks(self.db.get_cf(meta, caught_up_key(name)))? {
+            None => Ok(None),
+            Some(b) => <[u8; 8]>::try_from(b.as_slice())
+                .map(|a| Some(i64::from_be_bytes(a)))
+                .map_err(|_| StoreError::Checkpoint {
+                    store: name.to_string(),
+                    path: self.path.clone(),
+                }),
+        }
+    }
+
+    /// Give every checkpoint without a time `written_at` (none known: the epoch, so it counts
+    /// as too old): checkpoints of versions that recorded no time. The last write to the
+    /// database's files is the latest a store can have been caught up (a standby's last batch
+    /// may have lagged; an active task's last commit did not): a volume left alone for a day
+    /// reads as a day old. A copy that did not keep the files' times (`cp` without `-p`)
+    /// reads as new. Returns the checkpoints dated.
+    fn date_undated(&self, written_at: Option<i64>) -> Result<Vec<String>, StoreError> {
+        let meta = self.cf(META_CF)?;
+        let mut undated = Vec::new();
+        let mut it = self.db.raw_iterator_cf(meta);
+        it.seek(CHECKPOINT_PREFIX);
+        while let Some(key) = it.key().filter(|k| k.starts_with(CHECKPOINT_PREFIX)) {
+            undated.push(String::from_utf8_lossy(&key[CHECKPOINT_PREFIX.len()..]).into_owned());
+            it.next();
+        }
+        self.rocks(it.status())?;
+        drop(it);
+        let mut batch = WriteBatch::default();
+        let mut dated = Vec::new();
+        for name in undated {
+            if self.caught_up_at(&name)?.is_none() {
+                batch.put_cf(
+                    meta,
+                    caught_up_key(&name),
+                    written_at.unwrap_or(0).to_be_bytes(),
+                );
+                dated.push(name);
+            }
+        }
+        if !dated.is_empty() {
+            self.write_batch(batch)?;
+        }
+        Ok(dated)
+    }
+
     /// The checkpoints of a store fed by several partitions (a global table's, written under
     /// [`partition_checkpoint`] names): partition → next offset.
     pub fn partition_checkpoints(
@@ -603,16 +726,18 @@ impl TaskDb {
         self.clear_into(&mut batch, store)?;
         let meta = self.cf(META_CF)?;
         for p in self.partition_checkpoints(store)?.keys() {
-            batch.delete_cf(meta, checkpoint_key(&partition_checkpoint(store, *p)));
+            let name = partition_checkpoint(store, *p);
+            batch.delete_cf(meta, checkpoint_key(&name));
+            batch.delete_cf(meta, caught_up_key(&name));
         }
         self.write_batch(batch)
     }
 
     /// Apply changes of several stores and their new checkpoints in ONE atomic batch.
-    pub fn write<'a>(
+    pub fn write<'a, M: Into<Mark>>(
         &self,
         changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
-        checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
+        checkpoints: impl IntoIterator<Item = (&'a str, M)>,
     ) -> Result<(), StoreError> {
         self.write_clearing(std::iter::empty(), changes, checkpoints)
     }
@@ -621,11 +746,11 @@ impl TaskDb {
     /// window stores, whose keys are laid out by segment): one
     /// range tombstone each instead of a tombstone per key, which a memtable flush applies
     /// to the keys it covers, so emptied ranges leave nothing on disk.
-    pub fn write_clearing<'a>(
+    pub fn write_clearing<'a, M: Into<Mark>>(
         &self,
         cleared: impl IntoIterator<Item = (&'a str, &'a [u8], &'a [u8])>,
         changes: impl IntoIterator<Item = (&'a str, Change<'a>)>,
-        checkpoints: impl IntoIterator<Item = (&'a str, i64)>,
+        checkpoints: impl IntoIterator<Item = (&'a str, M)>,
     ) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
         for (store, from, to) in cleared {
@@ -644,8 +769,14 @@ impl TaskDb {
             }
         }
         let meta = self.cf(META_CF)?;
-        for (store, offset) in checkpoints {
-            batch.put_cf(meta, checkpoint_key(store), offset.to_be_bytes());
+        for (store, mark) in checkpoints {
+            let mark = mark.into();
+            if let Some(offset) = mark.offset {
+                batch.put_cf(meta, checkpoint_key(store), offset.to_be_bytes());
+            }
+            if let Some(at) = mark.caught_up_at {
+                batch.put_cf(meta, caught_up_key(store), at.to_be_bytes());
+            }
         }
         self.write_batch(batch)
     }
@@ -697,7 +828,7 @@ impl TaskDb {
         &self,
         store: &str,
         file: Option<&Path>,
-        checkpoint: i64,
+        checkpoint: impl Into<Mark>,
     ) -> Result<(), StoreError> {
         if let Some(file) = file {
             let mut o = IngestExternalFileOptions::default();
@@ -706,7 +837,7 @@ impl TaskDb {
             let _kept = self.forget_iterators();
             self.rocks(self.db.ingest_external_file_cf_opts(cf, &o, vec![file]))?;
         }
-        self.write(std::iter::empty(), [(store, checkpoint)])
+        self.write(std::iter::empty(), [(store, checkpoint.into())])
     }
 
     /// Empty a store and delete its checkpoint in one batch: it then restores its changelog
@@ -714,7 +845,9 @@ impl TaskDb {
     pub fn clear(&self, store: &str) -> Result<(), StoreError> {
         let mut batch = WriteBatch::default();
         self.clear_into(&mut batch, store)?;
-        batch.delete_cf(self.cf(META_CF)?, checkpoint_key(store));
+        let meta = self.cf(META_CF)?;
+        batch.delete_cf(meta, checkpoint_key(store));
+        batch.delete_cf(meta, caught_up_key(store));
         self.write_batch(batch)
     }
 
@@ -897,6 +1030,29 @@ fn checkpoint_key(store: &str) -> Vec<u8> {
     [CHECKPOINT_PREFIX, store.as_bytes()].concat()
 }
 
+fn caught_up_key(name: &str) -> Vec<u8> {
+    [CAUGHT_UP_PREFIX, name.as_bytes()].concat()
+}
+
+/// When the newest SST or WAL file of the database at `path` was last modified, in ms since
+/// the epoch: the last write to the store's data (a commit, a restored or standby batch, a
+/// flush). None if there is none, or the file system does not say.
+fn newest_data_file(path: &Path) -> Option<i64> {
+    std::fs::read_dir(path)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            // RocksDB's numbered data files; `LOG` (its info log) is rewritten at every open.
+            name.ends_with(".sst") || name.ends_with(".log")
+        })
+        .filter_map(|e| e.metadata().ok()?.modified().ok())
+        .filter_map(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .filter_map(|d| i64::try_from(d.as_millis()).ok())
+        .max()
+}
+
 /// The families of the database at `path`; none if there is no database yet.
 fn existing_families(res: &StateResources, path: &Path) -> Result<Vec<String>, StoreError> {
     if !path.join("CURRENT").exists() {
@@ -940,7 +1096,13 @@ mod tests {
                         value: Some(b"1"),
                     },
                 )],
-                [("counts", 42)],
+                [(
+                    "counts",
+                    Mark {
+                        offset: Some(42),
+                        caught_up_at: Some(1_000),
+                    },
+                )],
             )
             .expect("write");
             db.flush().expect("flush");
@@ -960,8 +1122,13 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
-    /// Write `key` = `value` to each store with checkpoint `offset`, as a commit would.
+    /// Write `key` = `value` to each store with checkpoint `offset`, caught up now, as a
+    /// commit would.
     fn commit(db: &TaskDb, stores: &[&str], key: &[u8], value: &[u8], offset: i64) {
+        let mark = Mark {
+            offset: Some(offset),
+            caught_up_at: Some(crate::record::now_ms()),
+        };
         db.write(
             stores.iter().map(|s| {
                 (
@@ -972,7 +1139,7 @@ mod tests {
                     },
                 )
             }),
-            stores.iter().map(|s| (*s, offset)),
+            stores.iter().map(|s| (*s, mark)),
         )
         .expect("write");
         db.flush().expect("flush");
@@ -1233,6 +1400,106 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_keeps_its_time_until_a_write_gives_another() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        let stored = |db: &TaskDb| db.stored_checkpoint("a").expect("read");
+        let at = |offset, t| {
+            Some(Checkpoint {
+                offset,
+                caught_up_at: Some(t),
+            })
+        };
+        {
+            let (db, _) = TaskDb::open(&res, dir.path(), &names(&["a"])).expect("open");
+            let mark = Mark {
+                offset: Some(5),
+                caught_up_at: Some(1_000),
+            };
+            db.write(std::iter::empty(), [("a", mark)]).expect("write");
+            assert_eq!(stored(&db), at(5, 1_000));
+            db.write(std::iter::empty(), [("a", 6)]).expect("write");
+            assert_eq!(stored(&db), at(6, 1_000), "an offset alone keeps the time");
+            let mark = Mark {
+                offset: None,
+                caught_up_at: Some(2_000),
+            };
+            db.write(std::iter::empty(), [("a", mark)]).expect("write");
+            assert_eq!(stored(&db), at(6, 2_000), "a time alone keeps the offset");
+            db.flush().expect("flush");
+        }
+        let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["a"])).expect("open");
+        assert_eq!(changed, Reconciled::default());
+        assert_eq!(stored(&db), at(6, 2_000));
+        db.clear("a").expect("clear");
+        assert_eq!(stored(&db), None);
+        assert_eq!(db.caught_up_at("a").expect("read"), None, "cleared with it");
+    }
+
+    /// Checkpoints written before times were recorded get the time of the last write to the
+    /// database's files: a volume left alone for two days reads as two days old.
+    #[test]
+    fn checkpoints_of_earlier_versions_are_dated_by_their_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let res = StateResources::new(8 << 20).expect("resources");
+        {
+            let (db, _) = TaskDb::open(&res, dir.path(), &names(&["a", "b"])).expect("open");
+            // As an earlier version wrote it: an offset, no time.
+            let change = Change {
+                key: b"k",
+                value: Some(b"v"),
+            };
+            db.write([("a", change)], [("a", 7)]).expect("write");
+            // A time without a checkpoint means nothing.
+            let mark = Mark {
+                offset: None,
+                caught_up_at: Some(3_000),
+            };
+            db.write(std::iter::empty(), [("b", mark)]).expect("write");
+            db.flush().expect("flush");
+        }
+        let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(172_800);
+        for e in std::fs::read_dir(dir.path()).expect("list") {
+            let path = e.expect("entry").path();
+            let name = path.to_string_lossy().into_owned();
+            if name.ends_with(".sst") || name.ends_with(".log") {
+                let f = std::fs::File::options()
+                    .append(true)
+                    .open(&path)
+                    .expect("open file");
+                f.set_modified(two_days_ago).expect("set mtime");
+            }
+        }
+        let want = two_days_ago
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .expect("after the epoch");
+        {
+            let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["a", "b"])).expect("open");
+            assert_eq!(changed.dated, names(&["a"]));
+            let c = db
+                .stored_checkpoint("a")
+                .expect("read")
+                .expect("a checkpoint");
+            assert_eq!(c.offset, 7);
+            assert!(
+                c.caught_up_at.is_some_and(|t| (t - want).abs() < 1_000),
+                "{:?} is not two days ago ({want})",
+                c.caught_up_at
+            );
+            assert_eq!(db.caught_up_at("b").expect("read"), None, "dropped");
+            db.flush().expect("flush");
+        }
+        let (db, changed) = TaskDb::open(&res, dir.path(), &names(&["a", "b"])).expect("open");
+        assert!(changed.dated.is_empty(), "dated once, not at every open");
+        let c = db
+            .stored_checkpoint("a")
+            .expect("read")
+            .expect("a checkpoint");
+        assert!(c.caught_up_at.is_some_and(|t| (t - want).abs() < 1_000));
+    }
+
+    #[test]
     fn the_metadata_family_name_is_reserved() {
         let dir = tempfile::tempdir().expect("tempdir");
         let res = StateResources::new(8 << 20).expect("resources");
@@ -1287,7 +1554,7 @@ mod range_tests {
                     },
                 )
             }),
-            [],
+            std::iter::empty::<(&str, i64)>(),
         )
         .expect("write");
         let starts = |v: Entries| -> Vec<i64> {
@@ -1381,7 +1648,7 @@ mod range_tests {
                     value: Some(b"v"),
                 },
             )],
-            [],
+            std::iter::empty::<(&str, i64)>(),
         )
         .expect("write without a flush");
         assert_eq!((starts(&db), kv(&db)), (vec![100, 700_000], 2));

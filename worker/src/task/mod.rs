@@ -9,7 +9,7 @@ use crate::config::WorkerConfig;
 use crate::metrics::{Metrics, OutcomeLabels, StoreLabels, TaskLabels, TaskStateLabel};
 use crate::processor::{Context, ProcessError, Processor, Punctuation};
 use crate::record::{Data, Origin, Record};
-use crate::store::{Change, MemoryStore, Reconciled, StateResources, StoreError, TaskDb};
+use crate::store::{Change, Mark, MemoryStore, Reconciled, StateResources, StoreError, TaskDb};
 use crate::topology::SubTopology;
 use crate::window::Segments;
 use eddy_crds::{OnError, TaskId, topics};
@@ -124,7 +124,7 @@ impl Task {
                 None,
                 Reconciled {
                     dropped,
-                    cleared: Vec::new(),
+                    ..Reconciled::default()
                 },
             )
         } else {
@@ -603,12 +603,18 @@ impl Task {
     /// one batch with the changelog offsets reached, so the store only ever holds committed
     /// state and knows exactly where its changelog tail starts.
     pub fn write_committed(&mut self) -> Result<(), TaskError> {
-        let mut batch: Vec<(String, Changes, Option<i64>)> = Vec::new();
+        let mut batch: Vec<(String, Changes, Mark)> = Vec::new();
         let mut cleared: Vec<(String, Vec<u8>, Vec<u8>)> = Vec::new();
         let keep = self.cache_share / 2 / self.stores.len().max(1);
+        let now = crate::record::now_ms();
         for (s, slot) in self.stores.iter_mut().zip(&self.slots) {
             let changes = s.take_committed(keep);
-            let checkpoint = Some(slot.delivered()).filter(|o| *o >= 0);
+            // The task is its changelogs' only writer: at each commit every store of it is at
+            // its changelog's end, whether it wrote anything or not.
+            let checkpoint = Mark {
+                offset: Some(slot.delivered()).filter(|o| *o >= 0),
+                caught_up_at: Some(now),
+            };
             if s.is_in_memory() {
                 s.apply_in_memory(&changes, checkpoint);
             } else {
@@ -647,9 +653,7 @@ impl Task {
                     )
                 })
             });
-            let checkpoints = batch
-                .iter()
-                .filter_map(|(store, _, c)| c.map(|c| (store.as_str(), c)));
+            let checkpoints = batch.iter().map(|(store, _, c)| (store.as_str(), *c));
             let cleared = cleared
                 .iter()
                 .map(|(store, from, to)| (store.as_str(), &from[..], &to[..]));
@@ -681,6 +685,28 @@ impl Task {
 
     /// Flush the store to disk and mark the task closed (clean shutdown or hand-off).
     pub fn close(&mut self) -> Result<(), TaskError> {
+        if self.state == TaskState::Running && !self.has_uncommitted() {
+            // Committed and at its changelogs' ends, however long since its last commit (a
+            // task without input commits nothing): the next restore need not rebuild it.
+            let mark = Mark {
+                offset: None,
+                caught_up_at: Some(crate::record::now_ms()),
+            };
+            for s in &mut self.stores {
+                s.apply_in_memory(&Changes::new(), mark);
+            }
+            if let Some(db) = &self.db {
+                let persistent = self.stores.iter().filter(|s| !s.is_in_memory());
+                db.write(
+                    std::iter::empty(),
+                    persistent.map(|s| (s.name.as_str(), mark)),
+                )
+                .map_err(|source| TaskError::Store {
+                    task: self.id,
+                    source,
+                })?;
+            }
+        }
         if let Some(db) = &self.db {
             db.flush().map_err(|source| TaskError::Store {
                 task: self.id,
