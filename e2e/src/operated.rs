@@ -260,23 +260,13 @@ impl Operated {
         self.dir.path().join("node/pods").join(ns).join(pod)
     }
 
-    /// The pid of a running worker pod's process (the one whose working directory is the
-    /// pod's directory), to freeze it with SIGSTOP as a hung node would be.
+    /// The pid of a running worker pod's process (the pod runner writes it into the pod's
+    /// directory), to freeze it with SIGSTOP as a hung node would be.
     pub fn worker_pid(&self, ns: &str, pod: &str) -> Result<i32> {
-        let dir = self.pod_dir(ns, pod).canonicalize()?;
-        let pids: Vec<i32> = std::fs::read_dir("/proc")?
-            .flatten()
-            .filter_map(|e| {
-                let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
-                std::fs::read_link(e.path().join("cwd"))
-                    .is_ok_and(|c| c == dir)
-                    .then_some(pid)
-            })
-            .collect();
-        match pids[..] {
-            [pid] => Ok(pid),
-            _ => Err(anyhow!("processes running in {}: {pids:?}", dir.display())),
-        }
+        let path = self.pod_dir(ns, pod).join("pid");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("no pid at {}", path.display()))?;
+        Ok(text.trim().parse()?)
     }
 
     /// `kubectl` with the kubeconfig the pod runner wrote for a pod: a token of its

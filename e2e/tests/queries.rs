@@ -317,37 +317,6 @@ fn during_a_scale_out_answers_are_right_or_a_retry_after() -> Result<()> {
     Ok(())
 }
 
-/// The pid of the worker process the pod runner runs for `pod` (its working directory is the
-/// pod's directory; exactly one process may have it).
-fn worker_pid(env: &Operated, ns: &str, pod: &str) -> Result<i32> {
-    let dir = env.pod_dir(ns, pod).canonicalize()?;
-    let pids: Vec<i32> = std::fs::read_dir("/proc")?
-        .flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
-            std::fs::read_link(e.path().join("cwd"))
-                .is_ok_and(|c| c == dir)
-                .then_some(pid)
-        })
-        .collect();
-    match pids[..] {
-        [pid] => Ok(pid),
-        _ => anyhow::bail!("processes running in {}: {pids:?}", dir.display()),
-    }
-}
-
-/// Whether every thread of `pid` is stopped (state `T` in its `stat`).
-fn all_threads_stopped(pid: i32) -> Result<bool> {
-    let mut all = true;
-    for t in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        // The state follows the command, which is in parentheses and may hold spaces.
-        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
-        all &= state == Some('T');
-    }
-    Ok(all)
-}
-
 /// The worker holding a key's active copy frozen (SIGSTOP, as a hung node would be): the
 /// pod holding its standby answers with the standby when the request accepts a lag (saying
 /// so, with the position it reflects), and asks for a retry when it does not.
@@ -382,7 +351,7 @@ fn a_standby_answers_within_a_lag_bound_when_the_active_is_gone() -> Result<()> 
         Ok(v["status"]["workers"][standby]["tasks"][&first.answered_by.task]["lag"] == 0)
     })?;
 
-    let pid = worker_pid(env, ns, &active)?;
+    let pid = env.worker_pid(ns, &active)?;
     // SAFETY: a signal to a process this test's pod runner started.
     ensure!(
         unsafe { libc::kill(pid, libc::SIGSTOP) } == 0,
@@ -391,8 +360,10 @@ fn a_standby_answers_within_a_lag_bound_when_the_active_is_gone() -> Result<()> 
     let result = (|| -> Result<()> {
         // kill() returns before the stop: one thread takes the signal and stops the others
         // when it is scheduled, and on a busy machine the rest answer a request meanwhile.
-        wait_until(Duration::from_secs(10), || all_threads_stopped(pid))
-            .with_context(|| format!("{active} (pid {pid}) did not stop"))?;
+        wait_until(Duration::from_secs(10), || {
+            eddy_e2e::operated::all_threads_stopped(pid)
+        })
+        .with_context(|| format!("{active} (pid {pid}) did not stop"))?;
         let a = ask(standby_addr, "k1", "?maxLag=100")?
             .map_err(|e| anyhow::anyhow!("the standby did not answer: {e:?}"))?;
         ensure!(

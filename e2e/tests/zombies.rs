@@ -58,28 +58,27 @@ enum Fault {
 
 impl Fault {
     fn apply(&self, env: &Operated, ns: &str, pod: &str) -> Result<()> {
-        let dir = env.pod_dir(ns, pod);
         match self {
-            Fault::Cut => std::fs::write(dir.join("api-link"), "cut")?,
-            Fault::Freeze => signal(&dir, libc::SIGSTOP)?,
+            Fault::Cut => std::fs::write(env.pod_dir(ns, pod).join("api-link"), "cut")?,
+            Fault::Freeze => {
+                let pid = env.worker_pid(ns, pod)?;
+                signal(pid, libc::SIGSTOP)?;
+                wait_until(WAIT, || eddy_e2e::operated::all_threads_stopped(pid))?;
+            }
         }
         Ok(())
     }
 
     fn heal(&self, env: &Operated, ns: &str, pod: &str) -> Result<()> {
-        let dir = env.pod_dir(ns, pod);
         match self {
-            Fault::Cut => std::fs::remove_file(dir.join("api-link"))?,
-            Fault::Freeze => signal(&dir, libc::SIGCONT)?,
+            Fault::Cut => std::fs::remove_file(env.pod_dir(ns, pod).join("api-link"))?,
+            Fault::Freeze => signal(env.worker_pid(ns, pod)?, libc::SIGCONT)?,
         }
         Ok(())
     }
 }
 
-fn signal(pod_dir: &std::path::Path, sig: libc::c_int) -> Result<()> {
-    let pid: libc::pid_t = std::fs::read_to_string(pod_dir.join("pid"))?
-        .trim()
-        .parse()?;
+fn signal(pid: i32, sig: libc::c_int) -> Result<()> {
     // SAFETY: a plain syscall on the pod's process, which the pod runner started.
     ensure!(
         unsafe { libc::kill(pid, sig) } == 0,
