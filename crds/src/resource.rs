@@ -96,6 +96,11 @@ pub struct Assignment {
     pub down: Vec<String>,
 }
 
+/// The highest assignment generation the operator writes and a worker follows: 2^53, the
+/// largest integer every JSON reader holds exactly. One new generation a second would take
+/// 285 million years to get there; a status beyond it was forged.
+pub const MAX_GENERATION: i64 = 1 << 53;
+
 /// How often a worker reports at the least, even when nothing changed: the operator takes a
 /// worker whose report is much older ([`STALE_REPORT_SECONDS`]) for down.
 pub const REPORT_HEARTBEAT_SECONDS: u64 = 5;

@@ -14,7 +14,8 @@
 use crate::plan::Desired;
 use crate::status::{Peer, Status};
 use eddy_crds::resource::{
-    AppStatus, REPORT_HEARTBEAT_SECONDS, StatefulStreamApp, TaskRole, TaskState, WorkerStatus,
+    AppStatus, MAX_GENERATION, REPORT_HEARTBEAT_SECONDS, StatefulStreamApp, TaskRole, TaskState,
+    WorkerStatus,
 };
 use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
@@ -99,6 +100,15 @@ fn observe(link: &Link, status: &Status, st: AppStatus) {
     let Some(a) = st.assignment else {
         return;
     };
+    if !(0..=MAX_GENERATION).contains(&a.generation) {
+        // Only the operator writes the assignment (the chart's admission policy keeps workers
+        // out of it): one beyond what it writes would, followed, freeze this worker's view.
+        tracing::warn!(
+            generation = a.generation,
+            "ignoring an assignment whose generation the operator never writes"
+        );
+        return;
+    }
     let Ok(mut d) = status.desired.lock() else {
         return;
     };
@@ -278,6 +288,11 @@ mod tests {
         assert_eq!(desired(), (5, vec!["0_1".parse().expect("id")]));
         observe(&link, &status, at(6, "0_0"));
         assert_eq!(desired(), (6, vec!["0_0".parse().expect("id")]));
+        // One the operator never writes (forged) would hold every later one back: ignored.
+        observe(&link, &status, at(i64::MAX, "0_1"));
+        assert_eq!(desired(), (6, vec!["0_0".parse().expect("id")]));
+        observe(&link, &status, at(7, "0_1"));
+        assert_eq!(desired().0, 7);
     }
 
     #[test]

@@ -10,10 +10,7 @@ use eddy_crds::manifest::MAX_REPLICAS;
 use eddy_crds::resource::{Assignment, PodTasks, WorkerStatus};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The highest assignment generation the operator takes for real: 2^53, the largest integer
-/// every JSON reader holds exactly. One new generation a second would take 285 million years
-/// to get there; a status beyond it was forged.
-pub const MAX_GENERATION: i64 = 1 << 53;
+pub use eddy_crds::resource::MAX_GENERATION;
 
 /// A worker's problem message is shown in the app's `Degraded` condition: cut to this many
 /// characters.
