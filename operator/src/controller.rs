@@ -378,7 +378,9 @@ fn error_policy(app: Arc<RawApp>, error: &Error, _ctx: Arc<Ctx>) -> Action {
         // Nothing failed: the app moved on (a worker's report, most likely) while this
         // reconcile decided; decide again from the newer app.
         tracing::debug!(app = %app.id(), "{error}");
-        return Action::requeue(Duration::ZERO);
+        // The newer app reaches the watch cache within milliseconds and triggers a reconcile
+        // by itself; retrying at once would read the same stale copy (and ask Kafka again).
+        return Action::requeue(Duration::from_millis(100));
     }
     tracing::warn!(app = %app.id(), "reconcile failed: {error}");
     Action::requeue(Duration::from_secs(10))
