@@ -314,6 +314,7 @@ pub fn run(
         globals: None,
         dropped_at: Instant::now(),
         waiting_for: Vec::new(),
+        caught_up_marked: Instant::now(),
     };
     // The first tasks come from an assignment acknowledged after this start.
     m.status.confirm_soon();
@@ -453,6 +454,8 @@ struct Manager<'a> {
     dropped_at: Instant,
     /// At-least-once hand-offs past their timeout, and the holders said so in the log.
     waiting_for: Vec<(i64, Vec<String>)>,
+    /// When idle tasks last marked their stores caught up ([`MARK_CAUGHT_UP_EVERY`]).
+    caught_up_marked: Instant,
 }
 
 impl Manager<'_> {
@@ -715,6 +718,12 @@ impl Manager<'_> {
                     self.healthy();
                 }
                 next_commit = Instant::now() + self.cfg.commit_interval;
+                if self.caught_up_marked.elapsed() >= MARK_CAUGHT_UP_EVERY {
+                    for t in &mut self.tasks {
+                        t.mark_caught_up()?;
+                    }
+                    self.caught_up_marked = Instant::now();
+                }
             }
         }
         self.commit().map(|_| ())
@@ -1531,6 +1540,11 @@ fn position(
         Position::Behind
     }
 }
+
+/// How often a running task marks its stores caught up with their changelogs even when it
+/// committed nothing: a task idle for longer than its changelogs keep tombstones (a day by
+/// default, less a margin of up to an hour) would otherwise be rebuilt in full after a crash.
+const MARK_CAUGHT_UP_EVERY: Duration = Duration::from_secs(600);
 
 /// Longer than a leader election takes, shorter than anyone waits for a stalled partition.
 const LEADERLESS_LIMIT: Duration = Duration::from_secs(30);

@@ -685,9 +685,23 @@ impl Task {
 
     /// Flush the store to disk and mark the task closed (clean shutdown or hand-off).
     pub fn close(&mut self) -> Result<(), TaskError> {
+        self.mark_caught_up()?;
+        if let Some(db) = &self.db {
+            db.flush().map_err(|source| TaskError::Store {
+                task: self.id,
+                source,
+            })?;
+        }
+        self.transition(TaskState::Closed);
+        Ok(())
+    }
+
+    /// A running task with nothing uncommitted is at its changelogs' ends, however long since
+    /// its last commit (a task without input commits nothing): its checkpoints say so now, so
+    /// that a restore after a crash does not take them for too old to trust
+    /// ([`crate::checkpoint`]).
+    pub fn mark_caught_up(&mut self) -> Result<(), TaskError> {
         if self.state == TaskState::Running && !self.has_uncommitted() {
-            // Committed and at its changelogs' ends, however long since its last commit (a
-            // task without input commits nothing): the next restore need not rebuild it.
             let mark = Mark {
                 offset: None,
                 caught_up_at: Some(crate::record::now_ms()),
@@ -707,13 +721,6 @@ impl Task {
                 })?;
             }
         }
-        if let Some(db) = &self.db {
-            db.flush().map_err(|source| TaskError::Store {
-                task: self.id,
-                source,
-            })?;
-        }
-        self.transition(TaskState::Closed);
         Ok(())
     }
 
