@@ -96,7 +96,7 @@ pub struct Assignment {
     pub down: Vec<String>,
 }
 
-/// The highest assignment generation the operator writes and a worker follows: 2^53, the
+/// Assignment generations the operator writes and a worker follows are below this: 2^53, the
 /// largest integer every JSON reader holds exactly. One new generation a second would take
 /// 285 million years to get there; a status beyond it was forged.
 pub const MAX_GENERATION: i64 = 1 << 53;

@@ -100,7 +100,7 @@ fn observe(link: &Link, status: &Status, st: AppStatus) {
     let Some(a) = st.assignment else {
         return;
     };
-    if !(0..=MAX_GENERATION).contains(&a.generation) {
+    if !(0..MAX_GENERATION).contains(&a.generation) {
         // Only the operator writes the assignment (the chart's admission policy keeps workers
         // out of it): one beyond what it writes would, followed, freeze this worker's view.
         tracing::warn!(
@@ -114,6 +114,10 @@ fn observe(link: &Link, status: &Status, st: AppStatus) {
     };
     if d.as_ref().is_some_and(|d| d.generation >= a.generation) {
         return;
+    }
+    if a.down.contains(&link.pod) {
+        // Failed over: whatever this worker still holds has a new owner, who does not wait.
+        status.lease.revoke();
     }
     let desired = Desired::from_assignment(&a, &link.pod, &link.incarnation);
     tracing::info!(generation = a.generation, active = ?desired.active,
@@ -188,13 +192,14 @@ pub async fn report(client: Client, link: Link, status: Arc<Status>, every: Dura
         .await;
         match answer {
             Ok(Ok(app)) => {
-                // The API server took the report: the lease runs from when it was sent, and
-                // the app it answers with is at least as new as the report.
-                status.lease.confirm(sending);
-                confirmed = asked;
+                // The API server took the report: the app it answers with is at least as new
+                // as the report (taken in first, so that a confirmed lease implies it), and
+                // the lease runs from when it was sent.
                 if let Some(st) = app.status {
                     observe(&link, &status, st);
                 }
+                status.lease.confirm(sending);
+                confirmed = asked;
                 last = Some(sent);
                 last_sent = tokio::time::Instant::now();
                 status.reported();

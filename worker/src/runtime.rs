@@ -337,6 +337,14 @@ pub fn run(
                 t.close()?;
             }
             tracing::info!("all tasks committed and closed");
+            if m.status.follow_assignment {
+                // Say so before exiting: the operator moves an at-least-once pod's tasks at
+                // once when its last report holds none, rather than waiting out its lease.
+                m.tasks.clear();
+                m.report();
+                m.status.report_soon();
+                m.status.await_report(Duration::from_secs(2));
+            }
             Ok(())
         }
         Err(e) => {
@@ -513,6 +521,7 @@ impl Manager<'_> {
         // The assignment cached may be what made this worker a zombie (its tasks moved while
         // it was cut off or frozen): it takes tasks again only from one read back after now.
         self.dropped_at = Instant::now();
+        self.status.lease.reset();
         for j in std::mem::take(&mut self.jobs) {
             j.cancel();
         }
@@ -623,6 +632,7 @@ impl Manager<'_> {
             self.ensure_started()?;
             if !self.globals_ready()? {
                 // Kafka Streams too starts no task before its global tables are restored.
+                self.report();
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
@@ -849,13 +859,14 @@ impl Manager<'_> {
                 ..Default::default()
             });
         }
-        let mut desired = self.status.desired.lock().ok()?.clone()?;
-        if Some(desired.generation) == self.applied && !self.stale {
-            return None;
-        }
         if !self.status.lease.confirmed_since(self.dropped_at) {
             // Started, or dropped its tasks: wait until a report sent since is acknowledged,
-            // which also brings the assignment as of then.
+            // which also brings the assignment as of then (taken in before the report is
+            // confirmed, so read after this check).
+            return None;
+        }
+        let mut desired = self.status.desired.lock().ok()?.clone()?;
+        if Some(desired.generation) == self.applied && !self.stale {
             return None;
         }
         let unknown = desired.retain_known(&self.all_tasks());
@@ -878,6 +889,11 @@ impl Manager<'_> {
     /// the replicas to the updater, report, and then take the new active tasks: promoted
     /// standbys restore only the tail their stores lack.
     fn change(&mut self, d: &Desired) -> Result<(), RuntimeError> {
+        if self.tasks.is_empty() && self.jobs.is_empty() {
+            // Nothing held, so nothing was written since the last drop: a lapse since then
+            // (a failover seen while idle) does not stop what this generation gives.
+            self.status.lease.reset();
+        }
         // Reported as applied once the released tasks are let go (below), before any
         // restore: a worker waiting for them must not wait for this worker's restores.
         self.applied = Some(d.generation);
@@ -891,6 +907,10 @@ impl Manager<'_> {
         // that owner may since have been failed over (`down`), or left the assignment.
         let mut waiting: Vec<TaskId> = Vec::new();
         for j in keep.iter_mut().filter(|j| !j.started) {
+            if j.generation != d.generation {
+                // Peers get the hand-off timeout from the generation they are waited on for.
+                j.deadline = Instant::now() + HANDOFF_TIMEOUT;
+            }
             j.generation = d.generation;
             j.down.clone_from(&d.down);
             j.pods.clone_from(&d.pods);
@@ -1376,6 +1396,19 @@ impl Manager<'_> {
         };
         r.problem = problem;
         r.applied_generation = self.applied.unwrap_or(0);
+        if self.leased() && self.tasks.is_empty() && self.jobs.is_empty() {
+            // Holding nothing, and taking tasks only from a newer assignment (they only move
+            // forward): this worker is no one's holder as of the latest generation it has
+            // seen, even while it cannot apply it (global tables restoring, Kafka away).
+            // At-least-once waits for such peers without a timeout (nothing can fence them).
+            let seen = self
+                .status
+                .desired
+                .lock()
+                .ok()
+                .and_then(|d| d.as_ref().map(|d| d.generation));
+            r.applied_generation = r.applied_generation.max(seen.unwrap_or(0));
+        }
         let mut tasks: std::collections::BTreeMap<String, TaskStatus> = self
             .tasks
             .iter()

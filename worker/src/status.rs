@@ -66,10 +66,18 @@ pub struct Status {
 /// writes only while its last acknowledged report is less than
 /// [`WORKER_LEASE_SECONDS`](eddy_crds::resource::WORKER_LEASE_SECONDS) old
 /// ([`Lease::check`]); the operator fails a pod over only well after that.
+///
+/// A lapse sticks until the processing thread has dropped its tasks ([`Lease::reset`]): a
+/// report acknowledged after the lease ran out (the worker was frozen, or its processing
+/// thread blocked, while it was cut off) does not make writing safe again, since the operator
+/// may have failed the pod over in between; nor does one whose answer lists this pod as
+/// failed over ([`Lease::revoke`]).
 pub struct Lease {
     base: Instant,
     /// When the last acknowledged report was sent, in ns after `base` plus one (0: none).
     confirmed: AtomicU64,
+    /// The lease ran out, or was revoked, since the tasks were last dropped.
+    lapsed: AtomicBool,
     /// How long a lease lasts.
     term: Duration,
 }
@@ -95,6 +103,7 @@ impl Lease {
         Lease {
             base: Instant::now(),
             confirmed: AtomicU64::new(0),
+            lapsed: AtomicBool::new(false),
             term,
         }
     }
@@ -103,21 +112,43 @@ impl Lease {
         u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX - 1) + 1
     }
 
-    /// A report sent at `sent` was acknowledged.
+    fn term_ns(&self) -> u64 {
+        u64::try_from(self.term.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A report sent at `sent` was acknowledged (call it after taking in the answer, so that
+    /// [`Self::confirmed_since`] implies the assignment it brought is there). If the lease
+    /// had run out before this answer came, the lapse sticks.
     pub fn confirm(&self, sent: Instant) {
-        self.confirmed.fetch_max(self.ns(sent), Ordering::Relaxed);
+        let before = self.confirmed.load(Ordering::SeqCst);
+        if before > 0 && self.ns(Instant::now()) >= before.saturating_add(self.term_ns()) {
+            self.lapsed.store(true, Ordering::SeqCst);
+        }
+        self.confirmed.fetch_max(self.ns(sent), Ordering::SeqCst);
+    }
+
+    /// The operator failed this pod over: writing is refused until the tasks were dropped.
+    pub fn revoke(&self) {
+        self.lapsed.store(true, Ordering::SeqCst);
+    }
+
+    /// The processing thread holds no task any more (it dropped them, or never had any): a
+    /// past lapse no longer matters.
+    pub fn reset(&self) {
+        self.lapsed.store(false, Ordering::SeqCst);
     }
 
     /// A report sent after `t` was acknowledged.
     pub fn confirmed_since(&self, t: Instant) -> bool {
-        self.confirmed.load(Ordering::Relaxed) > self.ns(t)
+        self.confirmed.load(Ordering::SeqCst) > self.ns(t)
     }
 
-    /// Ok while the last acknowledged report was sent less than the lease's term ago.
+    /// Ok while the last acknowledged report was sent less than the lease's term ago and the
+    /// lease has not lapsed since the tasks were last dropped.
     pub fn check(&self) -> Result<(), LeaseLapsed> {
-        let confirmed = self.confirmed.load(Ordering::Relaxed);
+        let confirmed = self.confirmed.load(Ordering::SeqCst);
         let age = Duration::from_nanos(self.ns(Instant::now()).saturating_sub(confirmed));
-        if confirmed > 0 && age < self.term {
+        if confirmed > 0 && age < self.term && !self.lapsed.load(Ordering::SeqCst) {
             Ok(())
         } else {
             Err(LeaseLapsed(age))
@@ -210,10 +241,17 @@ mod tests {
         assert!(start.elapsed() >= Duration::from_millis(200));
         let err = lease.check().expect_err("lapsed");
         assert!(err.0 >= Duration::from_millis(200), "{err}");
+        // Acknowledged after it ran out: the lapse sticks until the tasks were dropped.
         lease.confirm(Instant::now());
         assert!(
-            lease.check().is_ok(),
-            "renewed by the next acknowledged report"
+            lease.check().is_err(),
+            "a late answer does not undo a lapse"
         );
+        lease.reset();
+        assert!(lease.check().is_ok(), "renewed once the tasks were dropped");
+        lease.revoke();
+        assert!(lease.check().is_err(), "revoked by a failover");
+        lease.reset();
+        assert!(lease.check().is_ok());
     }
 }

@@ -3,7 +3,7 @@
 //! part of it: a worker restoring its tasks is not Ready, and failing it over would restart
 //! the restore somewhere else.
 
-use eddy_crds::resource::{STALE_REPORT_SECONDS, WorkerStatus};
+use eddy_crds::resource::{STALE_REPORT_SECONDS, TaskRole, WorkerStatus};
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -89,7 +89,8 @@ impl Health {
 /// a restarted pod's previous report says nothing of it); the container's start and the
 /// report's `updated` are both the node's clock. `fenced`: the app runs exactly-once, so a
 /// terminating pod's tasks can move at once (their new owners fence it); otherwise a
-/// terminating pod is [`Health::Stopping`] until gone, or silent.
+/// terminating pod is [`Health::Stopping`] until gone, or silent, and so is a pod gone with a
+/// fresh report of active tasks until that report is as old as a silent pod's.
 pub fn assess<'a>(
     names: impl IntoIterator<Item = &'a String>,
     pods: &BTreeMap<String, PodObserved>,
@@ -112,6 +113,18 @@ pub fn assess<'a>(
         .into_iter()
         .map(|name| {
             let health = match pods.get(name) {
+                // No Pod object, but a fresh report of active tasks: under at-least-once its
+                // process may still run (a pod force-deleted, its node deleted) and nothing
+                // fences it, so its tasks wait for its lease to have surely lapsed. A worker
+                // that stops cleanly reports its tasks released first.
+                None if !fenced
+                    && age(name) <= STALE_REPORT_SECONDS
+                    && reports
+                        .get(name)
+                        .is_some_and(|w| w.tasks.values().any(|t| t.role == TaskRole::Active)) =>
+                {
+                    Health::Stopping
+                }
                 None => Health::Down(DownCause::Gone),
                 Some(PodObserved::Terminating) if fenced => Health::Down(DownCause::Terminating),
                 Some(PodObserved::Terminating) => match last_report(name) {
@@ -263,7 +276,34 @@ mod tests {
         );
         assert_eq!(
             judge(None, Some(report("2026-01-01T00:00:58Z")), false),
-            Health::Down(DownCause::Gone)
+            Health::Down(DownCause::Gone),
+            "gone after reporting nothing held"
+        );
+        let holding = |updated: &str| {
+            let mut r = report(updated);
+            r.tasks.insert(
+                "0_0".into(),
+                eddy_crds::resource::TaskStatus {
+                    role: TaskRole::Active,
+                    ..Default::default()
+                },
+            );
+            r
+        };
+        assert_eq!(
+            judge(None, Some(holding("2026-01-01T00:00:58Z")), false),
+            Health::Stopping,
+            "gone with a fresh report of active tasks: its process may still run"
+        );
+        assert_eq!(
+            judge(None, Some(holding("2026-01-01T00:00:20Z")), false),
+            Health::Down(DownCause::Gone),
+            "its lease has surely lapsed"
+        );
+        assert_eq!(
+            judge(None, Some(holding("2026-01-01T00:00:58Z")), true),
+            Health::Down(DownCause::Gone),
+            "exactly-once fences it"
         );
         assert_eq!(
             judge(t(), Some(report("2026-01-01T00:00:58Z")), true),

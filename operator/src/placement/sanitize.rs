@@ -28,9 +28,10 @@ pub fn pod_ordinal(app: &str, pod: &str) -> Option<i32> {
     (n < MAX_REPLICAS).then_some(n)
 }
 
-/// Whether `g` is a generation the operator could have written.
+/// Whether `g` is a generation the operator could have written: below [`MAX_GENERATION`], as
+/// workers follow only those.
 pub fn sane_generation(g: i64) -> bool {
-    (0..=MAX_GENERATION).contains(&g)
+    (0..MAX_GENERATION).contains(&g)
 }
 
 /// The tasks an app has, to check task ids against; None when not known (Kafka unreachable):
@@ -65,7 +66,7 @@ pub struct Previous {
 }
 
 /// Only the app's own pods (`<app>-<n>`, `n < MAX_REPLICAS`), in `pods` and `down`; only
-/// tasks the app has, each once per pod and list; a generation beyond [`MAX_GENERATION`] (or
+/// tasks the app has, each once per pod and list; a generation from [`MAX_GENERATION`] up (or
 /// negative) is kept as it is for `place` to replace, and said.
 pub fn assignment(app: &str, tasks: Tasks, a: &Assignment) -> Previous {
     let mut dropped = Vec::new();
@@ -122,7 +123,7 @@ pub fn assignment(app: &str, tasks: Tasks, a: &Assignment) -> Previous {
     }
     if !sane_generation(a.generation) {
         dropped.push(format!(
-            "generation {} (beyond {MAX_GENERATION}): the next one starts above what the workers applied",
+            "generation {} (not below {MAX_GENERATION}): the next one starts above what the workers applied",
             a.generation
         ));
     }
@@ -297,7 +298,7 @@ mod tests {
         assert_eq!(clean.assignment, p.assignment);
         assert!(clean.dropped.is_empty());
 
-        for g in [i64::MAX, MAX_GENERATION + 1, -1, i64::MIN] {
+        for g in [i64::MAX, MAX_GENERATION, -1, i64::MIN] {
             let p = assignment(
                 "a",
                 Tasks(None),
@@ -309,7 +310,7 @@ mod tests {
             assert_eq!(p.dropped.len(), 1, "{g}");
             assert!(p.dropped[0].contains(&g.to_string()));
         }
-        assert!(sane_generation(MAX_GENERATION) && sane_generation(0));
+        assert!(sane_generation(MAX_GENERATION - 1) && sane_generation(0));
     }
 
     fn task(backlog: i64, lag: Option<i64>) -> TaskStatus {
