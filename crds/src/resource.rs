@@ -122,8 +122,8 @@ pub const STALE_REPORT_SECONDS: u64 = 30;
 /// stopped writing before a new owner starts, whatever the two clocks read (only their rates
 /// must roughly agree). A later report the operator has not seen yet (its watch lags) would
 /// make its view too old: but a failover is published only by a status write conditioned on
-/// the `resourceVersion` the operator decided from, so a report acknowledged since makes that
-/// write fail and the operator decides again from the newer report.
+/// the `updated` of the pod's report the operator decided from (a JSON Patch `test`), so a
+/// report acknowledged since makes that write fail and the operator decides again from it.
 pub const WORKER_LEASE_SECONDS: u64 = 20;
 // The margin above: a worker's lease must run out well before the operator may fail it over.
 const _: () = assert!(WORKER_LEASE_SECONDS + 10 <= STALE_REPORT_SECONDS);

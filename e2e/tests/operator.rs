@@ -1325,3 +1325,147 @@ fn a_forged_status_scales_nothing_and_a_worker_writes_only_its_own_report() -> R
     env.delete_apps(ns)?;
     Ok(())
 }
+
+/// A status write that changes the assignment is refused for a change of what it was decided
+/// from, and for nothing else: on the real API server, with the operator's credentials, the
+/// write of `eddy_operator::controller::patch_status`, made from an app read a moment
+/// before. A report of another pod written in between (restoring workers report every
+/// 250 ms) lets a failover through, and the write leaves that report as its worker wrote it;
+/// a report of the pod failed over written in between, or another leader's assignment,
+/// refuses it as a conflict (decided again); a status the schema refuses stays an error.
+/// The app's spec cannot be read, so the operators leave its assignment and reports alone.
+#[test]
+fn an_assignment_write_is_refused_only_for_what_it_was_decided_from() -> Result<()> {
+    use eddy_crds::resource::{Assignment, PodTasks};
+    use eddy_operator::app::RawApp;
+    use eddy_operator::controller::{Error, patch_status};
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let app = "race";
+    env.apply(
+        ns,
+        &format!(
+            "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {{name: {app}}}\n\
+             spec:\n  kafka: {{bootstrapServers: \"{}\"}}\n  topology:\n    \
+             - from: {{topic: never-created}}\n    - groupBy: 42\n",
+            env.bs
+        ),
+    )?;
+    env.wait_degraded(ns, app, "InvalidSpec")?;
+    let admin_patch = |body: String| {
+        env.kubectl(
+            &[
+                "-n",
+                ns,
+                "patch",
+                "ssapp",
+                app,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &body,
+            ],
+            None,
+        )
+    };
+    // A worker's report, as its worker writes it.
+    let report = |pod: &str, updated: &str| {
+        admin_patch(format!(
+            r#"{{"status": {{"workers": {{"{pod}": {{"appliedGeneration": 5, "updated": "{updated}"}}}}}}}}"#
+        ))
+    };
+    admin_patch(
+        r#"{"status": {"assignment": {"generation": 5, "pods": {
+            "race-0": {"active": ["0_0"]}, "race-1": {"active": ["0_1"]}}}}}"#
+            .into(),
+    )?;
+    for pod in ["race-0", "race-1", "race-9"] {
+        report(pod, "2026-01-01T00:00:00Z")?;
+    }
+
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = env.cp.kubeconfig_for(
+        eddy_e2e::operated::OPERATOR_NS,
+        "t-eddy-operator",
+        dir.path(),
+    )?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let client = rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(&kubeconfig)?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await?;
+        anyhow::Ok(kube::Client::try_from(config)?)
+    })?;
+    let api: kube::Api<RawApp> = kube::Api::namespaced(client.clone(), ns);
+    let read = || rt.block_on(api.get(app));
+    let tasks = |active: &[&str]| PodTasks {
+        active: active.iter().map(|t| t.to_string()).collect(),
+        ..Default::default()
+    };
+    // What the operator would write failing `down` over to race-0 under `generation`, and
+    // dropping race-9's report (no such pod).
+    let failover = |raw: &RawApp, generation: i64, down: &[&str]| {
+        let mut status = raw.status_or_default();
+        status.assignment = Some(Assignment {
+            generation,
+            partitions: vec![2],
+            pods: [("race-0".to_string(), tasks(&["0_0", "0_1"]))].into(),
+            down: down.iter().map(|p| p.to_string()).collect(),
+        });
+        status.workers.remove("race-9");
+        status
+    };
+    let stored = || env.app_json(ns, app).map(|v| v["status"].clone());
+
+    // race-1 is failed over while race-0, restoring, reports: written.
+    let raw = read()?;
+    report("race-0", "2026-01-01T00:00:01Z")?;
+    rt.block_on(patch_status(&client, &raw, &failover(&raw, 6, &["race-1"])))
+        .with_context(|| env.logs())?;
+    let s = stored()?;
+    ensure!(
+        s["assignment"]["generation"] == 6
+            && s["assignment"]["down"] == serde_json::json!(["race-1"])
+            && s["workers"]["race-0"]["updated"] == "2026-01-01T00:00:01Z"
+            && s["workers"]["race-1"].is_object()
+            && s["workers"].get("race-9").is_none(),
+        "the failover, race-0's newer report kept, race-9's dropped: {s}"
+    );
+
+    // race-0 is failed over, but it reported since the app was read: refused.
+    let raw = read()?;
+    report("race-0", "2026-01-01T00:00:02Z")?;
+    let r = rt.block_on(patch_status(
+        &client,
+        &raw,
+        &failover(&raw, 7, &["race-1", "race-0"]),
+    ));
+    ensure!(matches!(r, Err(Error::Conflict)), "{r:?}");
+
+    // Another leader published generation 7 since the app was read: refused.
+    let raw = read()?;
+    admin_patch(r#"{"status": {"assignment": {"generation": 7}}}"#.into())?;
+    let r = rt.block_on(patch_status(&client, &raw, &failover(&raw, 7, &[])));
+    ensure!(matches!(r, Err(Error::Conflict)), "{r:?}");
+    let s = stored()?;
+    ensure!(
+        s["assignment"]["generation"] == 7
+            && s["assignment"]["down"] == serde_json::json!(["race-1"]),
+        "nothing of the refused writes: {s}"
+    );
+
+    // A status the schema refuses (a pod name longer than any) is an error, not a conflict.
+    let raw = read()?;
+    let long = "x".repeat(300);
+    let r = rt.block_on(patch_status(&client, &raw, &failover(&raw, 8, &[&long])));
+    ensure!(
+        matches!(&r, Err(Error::Kube(kube::Error::Api(s))) if s.code == 422),
+        "{r:?}"
+    );
+    env.delete_apps(ns)?;
+    Ok(())
+}

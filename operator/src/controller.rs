@@ -49,10 +49,14 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error("finalizer: {0}")]
     Finalizer(String),
-    /// The API server refused a status write that changes the assignment because the app
-    /// changed since the reconcile read it (409): decided again from the newer app at once.
+    /// The API server refused a status write that changes the assignment because what it
+    /// was decided from changed since the reconcile read the app (the assignment generation,
+    /// or a report of a pod it fails over): decided again from the newer app.
     #[error("the app changed since it was read: its assignment is decided again")]
     Conflict,
+    /// A status write's JSON Patch does not apply to the status it was made from (a bug).
+    #[error("the status patch does not apply to the status read: {0}")]
+    StatusPatch(#[from] json_patch::PatchError),
 }
 
 pub struct Ctx {
@@ -67,7 +71,9 @@ pub struct Ctx {
     /// sees pods go and come back (failover) without a request per reconcile.
     pub pods: Store<Pod>,
     /// Per app uid, the assignment generation this operator last wrote. The watch cache can
-    /// lag behind our own status write; a reconcile deciding from the older status would
+    /// lag behind our own status write; a reconcile deciding from the older status would be
+    /// refused (its write tests the generation read) after asking Kafka for nothing, and
+    /// where the older status had no assignment there is no generation to test: it would
     /// publish a different assignment under a generation already used (workers, which act
     /// on a new generation only, would never see it). Trusted for a few seconds only, so a
     /// status someone else reset does not stop the app's reconciles.
@@ -375,8 +381,8 @@ async fn reconcile_app(app: Arc<RawApp>, ctx: Arc<Ctx>) -> Result<Action, Error>
 
 fn error_policy(app: Arc<RawApp>, error: &Error, _ctx: Arc<Ctx>) -> Action {
     if let Error::Conflict = error {
-        // Nothing failed: the app moved on (a worker's report, most likely) while this
-        // reconcile decided; decide again from the newer app.
+        // Nothing failed: what this reconcile decided from moved on meanwhile (a pod it
+        // failed over reported, or another leader published an assignment); decide again.
         tracing::debug!(app = %app.id(), "{error}");
         // The newer app reaches the watch cache within milliseconds and triggers a reconcile
         // by itself; retrying at once would read the same stale copy (and ask Kafka again).
@@ -475,7 +481,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         Err(e) => {
             tracing::warn!(app = %raw.id(), "spec cannot be read: {e}");
             let desired = reconcile::unreadable(&raw.metadata, &prev, &e, &now);
-            patch_status(raw, ctx, &desired.status).await?;
+            patch_status(&ctx.client, raw, &desired.status).await?;
             ctx.metrics
                 .set_app(&ns, &name, &AppSeries::of(&desired.status, None));
             publish(ctx, raw, &desired.events).await;
@@ -581,7 +587,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     if !app.spec.queries_enabled() {
         remove_query_service(ctx, &ns, &app, &uid).await?;
     }
-    patch_status(raw, ctx, &desired.status).await?;
+    patch_status(&ctx.client, raw, &desired.status).await?;
     ctx.metrics.set_app(
         &ns,
         &name,
@@ -774,62 +780,172 @@ async fn apply_objects(
     Ok((problems, sts_applied))
 }
 
-/// Patch the status by a JSON merge patch holding only what changed since the stored one.
+/// Patch the status with only what changed since the stored one ([`status_patch`]).
 /// Workers own their `status.workers.<pod>` entries (server-side apply, one field manager
 /// per pod), so the operator leaves them alone except to remove entries of pods that are
-/// gone; and a merge patch only removes map keys it sets to null, which the diff does for
-/// every key dropped.
+/// gone.
 ///
-/// A patch that changes the assignment is conditioned on the `resourceVersion` of the app
-/// this reconcile read ([`status_patch`]): refused (409, [`Error::Conflict`]) if the app
-/// changed since. So an assignment is only ever decided from the latest status: a deposed
-/// leader's in-flight write, or one decided from a lagging watch cache, cannot publish a
-/// second assignment under a generation already used, nor fail a pod over on a report older
-/// than its newest (see `eddy_crds::resource::WORKER_LEASE_SECONDS`).
-async fn patch_status(
+/// A write that changes the assignment is conditioned on what the decision was made from:
+/// the assignment generation read, and the last report of each pod it fails over. The API
+/// server refuses it if either changed since ([`Error::Conflict`]): a deposed leader's
+/// in-flight write, or one decided from a lagging watch cache, cannot publish a second
+/// assignment under a generation already used, nor fail a pod over on a report older than
+/// its newest (see `eddy_crds::resource::WORKER_LEASE_SECONDS`). Any other change of the app
+/// (another pod's report, every 250 ms while it restores) leaves the write valid.
+pub async fn patch_status(
+    client: &Client,
     app: &RawApp,
-    ctx: &Ctx,
     status: &eddy_crds::resource::AppStatus,
 ) -> Result<(), Error> {
-    let api: Api<RawApp> =
-        Api::namespaced(ctx.client.clone(), &app.namespace().unwrap_or_default());
-    let old = app.status.clone().unwrap_or_else(|| serde_json::json!({}));
+    let api: Api<RawApp> = Api::namespaced(client.clone(), &app.namespace().unwrap_or_default());
     let new = serde_json::to_value(status)?;
-    let Some(patch) = status_patch(&old, &new, app.metadata.resource_version.as_deref()) else {
-        return Ok(());
+    let patch = match status_patch(app.status.as_ref(), &new) {
+        None => return Ok(()),
+        Some(StatusPatch::Merge(patch)) => Patch::Merge(patch),
+        Some(StatusPatch::Json(ops)) => {
+            // The API server answers every JSON Patch that does not apply alike (422), so
+            // ours must apply to the status read: then a refusal means the app changed.
+            let mut read = serde_json::json!({ "status": app.status });
+            json_patch::patch(&mut read, &ops)?;
+            Patch::Json(json_patch::Patch(ops))
+        }
     };
+    let conditioned = matches!(patch, Patch::Json(_));
     match api
-        .patch_status(
-            &app.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
+        .patch_status(&app.name_any(), &PatchParams::default(), &patch)
         .await
     {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(Error::Conflict),
+        Err(kube::Error::Api(s)) if conditioned && did_not_apply(&s) => Err(Error::Conflict),
         Err(e) => Err(e.into()),
     }
 }
 
-/// The merge patch turning status `old` into `new` (None: nothing changed). Only a change of
-/// the assignment carries `metadata.resourceVersion` (the app as read) as a precondition:
-/// workers write their reports every 250 ms to 5 s, so a precondition on every status write
-/// would be refused again and again on a busy app; a write of everything else (phase,
-/// conditions, the backlog, dropping a gone pod's report) decided from a status a moment old
+/// Whether the API server refused a JSON Patch because an op did not apply to the stored
+/// object (a `test` failed, or a path it removes is gone): kube-apiserver's patch handler
+/// answers 422 with this fixed message and no causes, the json-patch error itself dropped.
+/// A status the schema refuses is also 422, but names the app and its invalid fields.
+fn did_not_apply(s: &kube::core::Status) -> bool {
+    s.code == 422
+        && s.message == "the server rejected our request due to an error in our request"
+        && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
+}
+
+/// A status write, as [`status_patch`] makes it.
+#[derive(Debug, PartialEq)]
+pub enum StatusPatch {
+    /// A JSON merge patch of the app, without precondition.
+    Merge(serde_json::Value),
+    /// A JSON Patch (RFC 6902) of the app: [`assignment_ops`].
+    Json(Vec<json_patch::PatchOperation>),
+}
+
+/// The write turning status `old` (None: the app has none yet) into `new`; None if nothing
+/// changed. A change of the assignment of an app that has a status is a JSON Patch
+/// conditioned on what the decision was made from ([`assignment_ops`]). Everything else is a
+/// merge patch without precondition: workers report every 250 ms to 5 s, so a precondition
+/// on every status write would be refused again and again on a busy app, and a write of
+/// phase, conditions, the backlog or a gone pod's report decided from a status a moment old
 /// is corrected by the next reconcile and publishes nothing workers act on.
 pub fn status_patch(
+    old: Option<&serde_json::Value>,
+    new: &serde_json::Value,
+) -> Option<StatusPatch> {
+    let none = serde_json::json!({});
+    let old = old.filter(|o| o.is_object());
+    let diff = merge_diff(old.unwrap_or(&none), new)?;
+    Some(match old {
+        Some(old) if diff.get("assignment").is_some() => {
+            StatusPatch::Json(assignment_ops(old, new))
+        }
+        _ => StatusPatch::Merge(serde_json::json!({ "status": diff })),
+    })
+}
+
+/// The JSON Patch turning status `old` into `new` when the assignment changes. First `test`
+/// ops on what the decision was made from: the assignment generation read (another leader
+/// publishing one since refuses the write), and the `updated` of the read report of each pod
+/// newly in `down` (a pod that reported since is not failed over on stale silence). Then,
+/// per top-level field that changed, its new value set or its removal; of `workers` only
+/// the reports of pods that are gone are removed, one by one: the others are their
+/// workers' to write, maybe at this very moment.
+pub fn assignment_ops(
     old: &serde_json::Value,
     new: &serde_json::Value,
-    resource_version: Option<&str>,
-) -> Option<serde_json::Value> {
-    let diff = merge_diff(old, new)?;
-    Some(match resource_version {
-        Some(rv) if diff.get("assignment").is_some() => {
-            serde_json::json!({"metadata": {"resourceVersion": rv}, "status": diff})
+) -> Vec<json_patch::PatchOperation> {
+    use json_patch::jsonptr::PointerBuf;
+    use json_patch::{AddOperation, PatchOperation, RemoveOperation, TestOperation};
+    use serde_json::Value;
+    // Tokens are escaped (`~` as `~0`, `/` as `~1`): pod names are keys the status holds.
+    let at = |tokens: &[&str]| {
+        PointerBuf::from_tokens(std::iter::once("status").chain(tokens.iter().copied()))
+    };
+    fn down(s: &Value) -> std::collections::BTreeSet<&str> {
+        let down = s.pointer("/assignment/down").and_then(Value::as_array);
+        down.into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect()
+    }
+    fn report<'a>(s: &'a Value, pod: &str) -> Option<&'a Value> {
+        s.get("workers")?.get(pod)
+    }
+
+    let mut ops = Vec::new();
+    if let Some(generation) = old.pointer("/assignment/generation") {
+        ops.push(PatchOperation::Test(TestOperation {
+            path: at(&["assignment", "generation"]),
+            value: generation.clone(),
+        }));
+    }
+    for pod in down(new).difference(&down(old)) {
+        if let Some(updated) = report(old, pod)
+            .and_then(|r| r.get("updated"))
+            .filter(|u| u.as_str().is_some_and(same_in_go))
+        {
+            ops.push(PatchOperation::Test(TestOperation {
+                path: at(&["workers", pod, "updated"]),
+                value: updated.clone(),
+            }));
         }
-        _ => serde_json::json!({"status": diff}),
-    })
+    }
+    let Some(Value::Object(diff)) = merge_diff(old, new) else {
+        return ops;
+    };
+    for field in diff.keys() {
+        if field == "workers" {
+            let read = old.get("workers").and_then(Value::as_object);
+            for pod in read.into_iter().flat_map(|r| r.keys()) {
+                if report(new, pod).is_none() {
+                    ops.push(PatchOperation::Remove(RemoveOperation {
+                        path: at(&["workers", pod]),
+                    }));
+                }
+            }
+        } else if let Some(value) = new.get(field) {
+            // `add` sets a member whether or not it is there.
+            ops.push(PatchOperation::Add(AddOperation {
+                path: at(&[field]),
+                value: value.clone(),
+            }));
+        } else {
+            ops.push(PatchOperation::Remove(RemoveOperation {
+                path: at(&[field]),
+            }));
+        }
+    }
+    ops
+}
+
+/// Whether Go's JSON encoder writes string `s` as serde_json does. The API server compares a
+/// `test` op's string with the stored one by their JSON text, and Go escapes `<`, `>`, `&`,
+/// U+2028 and U+2029 (control characters differ too): a report's `updated` that Go would
+/// write otherwise (no worker writes one: it is an RFC 3339 time) is not tested, so a forged
+/// one cannot keep its pod from being failed over.
+fn same_in_go(s: &str) -> bool {
+    !s.chars()
+        .any(|c| c.is_control() || matches!(c, '<' | '>' | '&' | '\u{2028}' | '\u{2029}'))
 }
 
 /// The RFC 7386 merge patch turning `old` into `new`, or None if they are equal.
@@ -945,7 +1061,7 @@ pub async fn install_crd(client: Client) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Scope, merge_diff, observe_pod, status_patch};
+    use super::{Scope, StatusPatch, assignment_ops, merge_diff, observe_pod, status_patch};
     use crate::placement::PodObserved;
     use serde_json::json;
 
@@ -1043,25 +1159,107 @@ mod tests {
     }
 
     #[test]
-    fn only_a_change_of_the_assignment_is_conditioned_on_the_version_read() {
+    fn only_a_change_of_the_assignment_of_a_status_is_conditioned() {
         let old = json!({"phase": "Running", "assignment": {"generation": 3, "pods": {}},
             "workers": {"a-0": {"appliedGeneration": 3}}});
         let mut new = old.clone();
         new["phase"] = json!("Pending");
         new["workers"] = json!({});
         assert_eq!(
-            status_patch(&old, &new, Some("17")),
-            Some(json!({"status": {"phase": "Pending", "workers": {"a-0": null}}})),
+            status_patch(Some(&old), &new),
+            Some(StatusPatch::Merge(
+                json!({"status": {"phase": "Pending", "workers": {"a-0": null}}})
+            )),
             "reports and phase change every few seconds: no precondition"
         );
+        assert_eq!(status_patch(Some(&old), &old), None);
         new["assignment"]["generation"] = json!(4);
+        assert!(matches!(
+            status_patch(Some(&old), &new),
+            Some(StatusPatch::Json(_))
+        ));
         assert_eq!(
-            status_patch(&old, &new, Some("17")),
-            Some(
-                json!({"metadata": {"resourceVersion": "17"}, "status": {"phase": "Pending",
-                "workers": {"a-0": null}, "assignment": {"generation": 4}}})
-            )
+            status_patch(None, &new),
+            Some(StatusPatch::Merge(json!({"status": new}))),
+            "the first write: nothing was decided from"
         );
-        assert_eq!(status_patch(&old, &old, Some("17")), None);
+    }
+
+    #[test]
+    fn an_assignment_write_tests_the_generation_and_the_reports_of_pods_newly_down() {
+        let old = json!({
+            "phase": "Running",
+            "backlog": 5,
+            "assignment": {"generation": 7, "pods": {"a-0": {"active": ["0_0"]},
+                "a/1~x": {"active": ["0_1"]}, "a-2": {}}, "down": ["a-3"]},
+            "workers": {
+                "a-0": {"updated": "2026-01-01T00:00:05Z", "appliedGeneration": 7},
+                "a/1~x": {"updated": "2026-01-01T00:00:01Z"},
+                "a-2": {"appliedGeneration": 7},
+                "a-3": {"updated": "2026-01-01T00:00:00Z"},
+                "gone~/": {"updated": "2026-01-01T00:00:00Z"},
+            }
+        });
+        let mut new = old.clone();
+        new["assignment"] = json!({"generation": 8, "pods": {"a-0": {"active": ["0_0", "0_1"]}},
+            "down": ["a-2", "a-3", "a/1~x", "never-reported"]});
+        new.as_object_mut().expect("object").remove("backlog");
+        new["phase"] = json!("Pending");
+        // A kept report the operator would write otherwise is not the operator's to write.
+        new["workers"]["a-0"]["appliedGeneration"] = json!(6);
+        new["workers"]
+            .as_object_mut()
+            .expect("object")
+            .remove("gone~/");
+        let ops = assignment_ops(&old, &new);
+        assert_eq!(
+            serde_json::to_value(&ops).expect("ops"),
+            json!([
+                {"op": "test", "path": "/status/assignment/generation", "value": 7},
+                // a-2 has no `updated`, never-reported no report, a-3 was down already.
+                {"op": "test", "path": "/status/workers/a~11~0x/updated",
+                    "value": "2026-01-01T00:00:01Z"},
+                {"op": "add", "path": "/status/assignment", "value": new["assignment"]},
+                {"op": "remove", "path": "/status/backlog"},
+                {"op": "add", "path": "/status/phase", "value": "Pending"},
+                {"op": "remove", "path": "/status/workers/gone~0~1"},
+            ])
+        );
+        // What the API server does with it, on the status read.
+        let mut doc = json!({"status": old});
+        json_patch::patch(&mut doc, &ops).expect("applies to the status read");
+        let mut expect = new.clone();
+        expect["workers"]["a-0"]["appliedGeneration"] = json!(7);
+        assert_eq!(doc["status"], expect);
+    }
+
+    #[test]
+    fn an_assignment_write_removes_each_dropped_report_and_tests_no_generation_it_never_read() {
+        let old = json!({"phase": "Pending", "workers": {"a-0": {"updated": "t0"},
+            "a-9": {"updated": "t9"}}});
+        let new = json!({"phase": "Pending",
+            "assignment": {"generation": 1, "pods": {"a-1": {}}, "down": ["a-0"]}});
+        assert_eq!(
+            serde_json::to_value(assignment_ops(&old, &new)).expect("ops"),
+            json!([
+                {"op": "test", "path": "/status/workers/a-0/updated", "value": "t0"},
+                {"op": "add", "path": "/status/assignment", "value": new["assignment"]},
+                // One by one, never the map: a pod may be writing its own report meanwhile.
+                {"op": "remove", "path": "/status/workers/a-0"},
+                {"op": "remove", "path": "/status/workers/a-9"},
+            ])
+        );
+        // A forged `updated` the API server would compare as other JSON text is not tested.
+        let old = json!({"assignment": {"generation": 2, "pods": {}},
+            "workers": {"a-0": {"updated": "<now>"}}});
+        let mut new = old.clone();
+        new["assignment"] = json!({"generation": 3, "pods": {}, "down": ["a-0"]});
+        assert_eq!(
+            serde_json::to_value(assignment_ops(&old, &new)).expect("ops"),
+            json!([
+                {"op": "test", "path": "/status/assignment/generation", "value": 2},
+                {"op": "add", "path": "/status/assignment", "value": new["assignment"]},
+            ])
+        );
     }
 }
