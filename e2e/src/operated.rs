@@ -197,6 +197,31 @@ impl Operated {
         self.cp.jsonpath(ns, what, path)
     }
 
+    /// Every value `path` takes in NS's WHAT from now on (`kubectl get -w`: each write the
+    /// API server makes, however brief), until the [`Watch`] is dropped.
+    pub fn watch(&self, ns: &str, what: &str, path: &str) -> Result<Watch> {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(self.cp.bin.join("kubectl"))
+            .args(["-n", ns, "get", what, "-w", "-o"])
+            .arg(format!("jsonpath={path}{{\"\\n\"}}"))
+            .env("KUBECONFIG", &self.cp.kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let out = child.stdout.take().context("kubectl's stdout")?;
+        let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let into = seen.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                into.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(line);
+            }
+        });
+        Ok(Watch { child, seen })
+    }
+
     /// An app as JSON (`kubectl get -o json`).
     pub fn app_json(&self, ns: &str, app: &str) -> Result<serde_json::Value> {
         let text = self.kubectl(&["-n", ns, "get", "ssapp", app, "-o", "json"], None)?;
@@ -500,5 +525,28 @@ impl Drop for Namespace<'_> {
                 let _ = delete_topics(&left);
             }
         }
+    }
+}
+
+/// Values seen by [`Operated::watch`]; stops the watch when dropped.
+pub struct Watch {
+    child: std::process::Child,
+    seen: std::sync::Arc<Mutex<Vec<String>>>,
+}
+
+impl Watch {
+    /// The values seen so far, in order.
+    pub fn seen(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

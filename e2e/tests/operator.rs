@@ -8,7 +8,7 @@
 //! `restricted` Pod Security Standard, application ids, deletion. A malformed app exists
 //! before the operators start, so every test also shows it does not disturb other apps.
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use eddy_e2e::operated::{Namespace, Operated, WAIT};
 use eddy_e2e::*;
 use std::sync::OnceLock;
@@ -322,6 +322,9 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
         .join(ns)
         .join(format!("state-{app}-0"));
     ensure!(pvc_dir.exists(), "no PVC dir at {}", pvc_dir.display());
+    // Restores here take a few hundred milliseconds: the backlog is read from every status
+    // write (what `kubectl get -w` shows), and the leader's metric in a loop of its own.
+    let backlogs = env.watch(ns, &format!("ssapp/{app}"), "{.status.backlog}")?;
     env.kubectl(
         &[
             "-n",
@@ -335,12 +338,11 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
     )?;
     std::fs::remove_dir_all(&pvc_dir)?;
     let (mut max_backlog, mut max_backlog_metric) = (0i64, 0f64);
-    wait_until(WAIT, || {
-        let b: i64 = env
-            .get(ns, &format!("ssapp/{app}"), "{.status.backlog}")
-            .parse()
-            .unwrap_or(0);
-        max_backlog = max_backlog.max(b);
+    let deadline = std::time::Instant::now() + WAIT;
+    while !(max_backlog > 0 && max_backlog_metric > 0.0) {
+        let seen = backlogs.seen();
+        let b = seen.iter().filter_map(|b| b.parse::<i64>().ok()).max();
+        max_backlog = max_backlog.max(b.unwrap_or(0));
         if let Ok(m) = env.leader_metrics() {
             max_backlog_metric = max_backlog_metric.max(app_metric(
                 &m,
@@ -348,9 +350,16 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
                 "",
             ));
         }
-        Ok(max_backlog > 0 && max_backlog_metric > 0.0)
-    })
-    .with_context(|| format!("status backlog {max_backlog}\n{}", env.logs()))?;
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "status backlogs {seen:?}, metric at most {max_backlog_metric}\n{}",
+                env.logs()
+            );
+        }
+        // The metric is set at each reconcile: scraped often, not to miss a short restore.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(backlogs);
     wait_until(WAIT, || {
         Ok(
             env.get(ns, &format!("ssapp/{app}"), "{.status.backlog}") == "0"
