@@ -64,7 +64,9 @@ host_state() {
     /var/run/netns /run/netns /run/containerd /var/lib/containerd /opt/containerd /etc/cni /var/lib/cni /opt/cni; do
     [[ -e $p ]] && echo "path $p"
   done
-  echo "processes: $(pgrep -f "containerd|kubelet|kube-proxy|kube-scheduler|$RUN_ROOT/(node|k8s)-$NAME/" | grep -vx "$$" | wc -l)"
+  # by name, and any process started with one of this test's run dirs in its command line
+  echo "processes: $({ pgrep -x 'containerd|containerd-shim|kubelet|kube-proxy|kube-scheduler|pause' || true
+    pgrep -f "$RUN_ROOT/(node|k8s)-$NAME/" || true; } | sort -u | xargs -r ps -o comm= -p | sort | paste -sd' ' -)"
   echo "run dirs: $(ls -d "$RUN_ROOT/node-$NAME" "$RUN_ROOT/k8s-$NAME" 2>/dev/null | paste -sd' ' -)"
 }
 
@@ -215,6 +217,8 @@ if [[ -n $worker ]]; then
   hardened_pod worker-check "$worker" check -f /app/app.yaml | kubectl apply -f - >/dev/null
   if kubectl wait --for=jsonpath='{.status.phase}'=Succeeded pod/worker-check --timeout=60s >/dev/null; then
     pass "hardened $worker ran 'eddy-worker check' to Succeeded in $(since "$t") s"
+    check "its output (kubectl logs) is the plan of the app" \
+      test "$(kubectl logs worker-check | head -n 1)" == "application page-views"
   else
     fail "hardened $worker did not succeed: $(kubectl get pod worker-check -o jsonpath='{.status.phase} {.status.containerStatuses[0].state}')"
     kubectl logs worker-check >&2 || true

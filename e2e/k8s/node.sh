@@ -709,12 +709,15 @@ drain() { # delete this node's pods (graceful), then the Node object
 
 do_stop() {
   [[ -d $RUN_DIR ]] || return 0
+  local t=$SECONDS
   drain
+  log "pods drained ($((SECONDS - t))s)"
   stop_comp kube-proxy
   stop_comp kubelet
   kill_pods
   stop_comp containerd
   kill_pods
+  log "processes stopped ($((SECONDS - t))s)"
   unmount_under "$RUN_DIR"
   [[ -f $RUN_DIR/host-before ]] && {
     remove_cgroups
