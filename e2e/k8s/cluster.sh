@@ -160,11 +160,21 @@ live_pids() {
 kill_all() {
   local c pid waited=0
   [[ -n "$(live_pids)" ]] || return 0
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do # controller-manager, apiserver, then etcd
+  # Everything but etcd first (scheduler, controller-manager, apiserver), etcd once they are
+  # gone: an apiserver with the lease endpoint reconciler (--node) removes its endpoint from
+  # etcd on the way out, and etcd does not exit while the apiserver's watches are open, so
+  # stopping both at once waited for the SIGKILL.
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 1; i--)); do
     c="${COMPONENTS[$i]}"
     pid="$(comp_pid "$c")"
     if proc_alive "$pid" "$RUN_DIR"; then kill -TERM "$pid" 2>/dev/null || true; fi
   done
+  while [[ "$(live_pids)" != "$(live_etcd)" ]] && ((waited < STOP_TIMEOUT * 5)); do
+    sleep 0.2
+    waited=$((waited + 1))
+  done
+  pid="$(comp_pid etcd)"
+  if proc_alive "$pid" "$RUN_DIR"; then kill -TERM "$pid" 2>/dev/null || true; fi
   while [[ -n "$(live_pids)" ]] && ((waited < STOP_TIMEOUT * 5)); do
     sleep 0.2
     waited=$((waited + 1))
@@ -178,6 +188,12 @@ kill_all() {
     sleep 0.2
   done
   die "could not kill: $(live_pids | paste -sd' ' -)"
+}
+
+live_etcd() {
+  local pid
+  pid="$(comp_pid etcd)"
+  if proc_alive "$pid" "$RUN_DIR"; then echo "$pid"; fi
 }
 
 # spawn NAME ARGS...: start a component detached from our session, logging to logs/NAME.log.
@@ -460,10 +476,11 @@ start_components() {
   fi
 }
 
-# The components of this run: kube-scheduler too with --node (or if the run dir has a bridge).
+# The components of this run: kube-scheduler too if the run dir has a bridge (made by
+# --node), or with --node when the run dir is yet to be made (set_components new).
 set_components() {
   COMPONENTS=(etcd kube-apiserver kube-controller-manager)
-  if ((NODE_MODE)) || [[ -f $RUN_DIR/bridge ]]; then
+  if [[ -f $RUN_DIR/bridge ]] || { [[ ${1:-} == new ]] && ((NODE_MODE)); }; then
     COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
   fi
 }
@@ -487,7 +504,7 @@ cmd_start() {
     bridge_down
     rm -rf "$RUN_DIR"
   fi
-  set_components
+  set_components new
   need_cmd openssl openssl
   local start=$SECONDS api_port api_host=127.0.0.1 nports=4
   mkdir -p "$RUN_DIR/logs"
