@@ -227,15 +227,19 @@ else
   log "no eddy-worker image in $STORE (images/build.sh makes one); skipping that pod"
 fi
 
-t=$(now)
-stop_all
-log "node and control plane stopped in $(since "$t") s"
-host_state >"$TMP/after"
-if diff -u "$TMP/before" "$TMP/after" >"$TMP/diff"; then
-  pass "the host is as before (links, addresses, routes, mounts, nftables, iptables, cgroups, sysctls, paths, processes)"
+if ((KEEP)); then
+  log "--keep: node and control plane left running (node.sh stop --name $NAME; cluster.sh stop --name $NAME); host not compared"
 else
-  fail "the host changed:"
-  sed -n '3,$p' "$TMP/diff"
+  t=$(now)
+  stop_all
+  log "node and control plane stopped in $(since "$t") s"
+  host_state >"$TMP/after"
+  if diff -u "$TMP/before" "$TMP/after" >"$TMP/diff"; then
+    pass "the host is as before (links, addresses, routes, mounts, nftables, iptables, cgroups, sysctls, paths, processes)"
+  else
+    fail "the host changed:"
+    sed -n '3,$p' "$TMP/diff"
+  fi
 fi
 
 echo "$PASSED passed, $FAILED failed"

@@ -7,7 +7,7 @@
 #   node.sh start [--name NAME]   start (or reuse) the node; prints the node name last
 #   node.sh stop [--name NAME]    stop it and undo what it did to the host (idempotent)
 #   node.sh status [--name NAME]  say what runs; exit 0 if the node is Ready
-#   node.sh smoke [--name NAME]   start a control plane and a node, run a hardened pod to
+#   node.sh smoke [--name NAME] [--keep]  start a control plane and a node, run a hardened pod to
 #                                 Ready, stop both, check the host is as it was
 #
 # Run state (containerd's root and state, the kubelet's root dir, pod logs, certificates,
@@ -777,8 +777,14 @@ main() {
   local cmd="$1"
   shift
   NAME=node
+  local smoke_args=()
   while [[ $# -gt 0 ]]; do
     case $1 in
+    --keep)
+      [[ $cmd == smoke ]] || die "--keep is for smoke only"
+      smoke_args+=(--keep)
+      shift
+      ;;
     --name)
       [[ $# -ge 2 ]] || die "--name needs a value"
       NAME="$2"
@@ -802,7 +808,7 @@ main() {
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  smoke) exec "$SCRIPT_DIR/node-smoke.sh" --name "$NAME" ;;
+  smoke) exec "$SCRIPT_DIR/node-smoke.sh" --name "$NAME" "${smoke_args[@]}" ;;
   -h | --help | help) usage ;;
   *)
     usage
