@@ -95,8 +95,9 @@ ensure_bin() {
 
 # The node's address: the first one of NODE_SUBNET (a /24 or larger, IPv4).
 node_ip() {
-  [[ $NODE_SUBNET =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)\.0/([0-9]+)$ ]] && ((BASH_REMATCH[4] <= 24)) ||
+  if ! [[ $NODE_SUBNET =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)\.0/([0-9]+)$ ]] || ((BASH_REMATCH[4] > 24)); then
     die "EDDY_K8S_NODE_SUBNET must be an IPv4 /24 (or larger) ending in .0, got '$NODE_SUBNET'"
+  fi
   echo "${BASH_REMATCH[1]}.${BASH_REMATCH[2]}.${BASH_REMATCH[3]}.1"
 }
 
@@ -385,6 +386,7 @@ start_components() {
   local api_flags=(--endpoint-reconciler-type=none --authorization-mode=RBAC)
   if ((NODE_MODE)); then
     api_ip="$NODE_IP"
+    # shellcheck disable=SC2054 # Node,RBAC is one flag value
     api_flags=(
       --endpoint-reconciler-type=lease
       --authorization-mode=Node,RBAC

@@ -95,7 +95,7 @@ t=$(now)
 KUBECONFIG="$("$HERE/cluster.sh" start --node --name "$NAME" | tail -n 1)"
 export KUBECONFIG
 log "control plane up in $(since "$t") s"
-# shellcheck disable=SC1091
+# shellcheck disable=SC1090
 . <(sed 's/^/export /' "$RUN_ROOT/k8s-$NAME/env")
 export PATH="$EDDY_K8S_BIN_DIR:$PATH"
 t=$(now)
@@ -204,13 +204,15 @@ worker="$(command -v buildah >/dev/null && [[ -d $STORE/storage ]] &&
   "${B[@]}" images --noheading --format '{{.Name}}:{{.Tag}}' 2>/dev/null | grep '/eddy-worker:' | head -n 1 || true)"
 if [[ -n $worker ]]; then
   t=$(now)
-  (
+  if (
     exec 9>"$STORE/lock"
     flock -w 300 9
     "${B[@]}" push --quiet "$worker" "oci-archive:$TMP/worker.tar:$worker"
-  ) && ctr --address "$SOCK" -n k8s.io images import --snapshotter overlayfs "$TMP/worker.tar" >/dev/null &&
-    pass "$worker exported and imported into the node's containerd in $(since "$t") s" ||
+  ) && ctr --address "$SOCK" -n k8s.io images import --snapshotter overlayfs "$TMP/worker.tar" >/dev/null; then
+    pass "$worker exported and imported into the node's containerd in $(since "$t") s"
+  else
     fail "exporting/importing $worker"
+  fi
   rm -f "$TMP/worker.tar"
   kubectl create configmap app --from-file=app.yaml="$ROOT/examples/page-views.yaml" >/dev/null
   t=$(now)

@@ -221,9 +221,9 @@ unmount_under() { # DIR
 # of this run dir (their command line names its containerd socket).
 pod_pids() {
   local f
-  for f in $(find /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/kubepods -name cgroup.procs 2>/dev/null); do
+  while read -r f; do
     cat "$f" 2>/dev/null || true
-  done
+  done < <(find /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/kubepods -name cgroup.procs 2>/dev/null || true)
   pgrep -f "containerd-shim.*-address $RUN_DIR/containerd/" 2>/dev/null || true
 }
 
@@ -290,7 +290,7 @@ remove_empty_xtables() {
     for t in filter nat mangle raw security; do
       grep -qx "nft $fam $t" "$RUN_DIR/host-before" 2>/dev/null && continue
       nft list table "$fam" "$t" >/dev/null 2>&1 || continue
-      if [[ -z "$(nft list table "$fam" "$t" 2>/dev/null | grep -vE '^[[:space:]]*(table .*|chain .*|type .*|\}|#.*|)$')" ]]; then
+      if ! nft list table "$fam" "$t" 2>/dev/null | grep -qvE '^[[:space:]]*(table .*|chain .*|type .*|\}|#.*|)$'; then
         nft delete table "$fam" "$t" 2>/dev/null || log "warning: could not delete the empty nft table $fam $t"
       fi
     done
@@ -728,8 +728,9 @@ do_stop() {
     restore_sysctls
     remove_host_paths
   }
-  [[ -n ${KUBECONFIG_ADMIN:-} && -f ${KUBECONFIG_ADMIN:-/nonexistent} ]] &&
+  if [[ -n ${KUBECONFIG_ADMIN:-} && -f ${KUBECONFIG_ADMIN:-/nonexistent} ]]; then
     kubectl_admin delete node "$NODE" --wait=false >/dev/null 2>&1 || true
+  fi
   [[ -z "$(mounts_under "$RUN_DIR")" ]] || die "mounts left under $RUN_DIR; not removing it"
   rm -rf "$RUN_DIR"
 }
