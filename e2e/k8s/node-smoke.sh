@@ -64,9 +64,11 @@ host_state() {
     /var/run/netns /run/netns /run/containerd /var/lib/containerd /opt/containerd /etc/cni /var/lib/cni /opt/cni; do
     [[ -e $p ]] && echo "path $p"
   done
-  # by name, and any process started with one of this test's run dirs in its command line
+  # by name, and any process started with one of this test's run dirs in its command line;
+  # not zombies (this VM's init reaps the exited daemons it inherits a moment later)
   echo "processes: $({ pgrep -x 'containerd|containerd-shim|kubelet|kube-proxy|kube-scheduler|pause' || true
-    pgrep -f "$RUN_ROOT/(node|k8s)-$NAME/" || true; } | sort -u | xargs -r ps -o comm= -p | sort | paste -sd' ' -)"
+    pgrep -f "$RUN_ROOT/(node|k8s)-$NAME/" || true; } | sort -u | xargs -r ps -o stat=,comm= -p |
+    awk '$1 !~ /^Z/ { print $2 }' | sort | paste -sd' ' -)"
   echo "run dirs: $(ls -d "$RUN_ROOT/node-$NAME" "$RUN_ROOT/k8s-$NAME" 2>/dev/null | paste -sd' ' -)"
 }
 
