@@ -456,6 +456,7 @@ start_components() {
     --cluster-signing-cert-file="$pki/ca.crt" \
     --cluster-signing-key-file="$pki/ca.key" \
     --cluster-name="eddy-$NAME" \
+    --flex-volume-plugin-dir="$RUN_DIR/flexvolume" \
     --kube-api-qps=200 \
     --kube-api-burst=400 \
     --profiling=false \
