@@ -7,6 +7,8 @@
 #   node.sh start [--name NAME]   start (or reuse) the node; prints the node name last
 #   node.sh stop [--name NAME]    stop it and undo what it did to the host (idempotent)
 #   node.sh status [--name NAME]  say what runs; exit 0 if the node is Ready
+#   node.sh load [--name NAME] ARCHIVE...  import OCI or docker image archives (buildah push
+#                                 IMAGE oci-archive:FILE:IMAGE) into the node's containerd
 #   node.sh smoke [--name NAME] [--keep]  start a control plane and a node, run a hardened pod to
 #                                 Ready, stop both, check the host is as it was
 #
@@ -778,7 +780,7 @@ main() {
   local cmd="$1"
   shift
   NAME=node
-  local smoke_args=()
+  local smoke_args=() files=()
   while [[ $# -gt 0 ]]; do
     case $1 in
     --keep)
@@ -799,7 +801,13 @@ main() {
       usage
       exit 0
       ;;
-    *) die "unknown argument '$1' (see node.sh --help)" ;;
+    -*) die "unknown argument '$1' (see node.sh --help)" ;;
+    *)
+      [[ $cmd == load ]] || die "unknown argument '$1' (see node.sh --help)"
+      [[ -f $1 ]] || die "no such file: $1"
+      files+=("$1")
+      shift
+      ;;
     esac
   done
   [[ $NAME =~ ^[a-z0-9]([a-z0-9-]*[a-z0-9])?$ ]] || die "invalid --name '$NAME' (lower-case letters, digits, -)"
@@ -809,6 +817,12 @@ main() {
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
+  load)
+    ((${#files[@]})) || die "load: name one or more image archives"
+    comp_alive containerd || die "node '$NAME' is not running"
+    local f
+    for f in "${files[@]}"; do load_image "$f"; done
+    ;;
   smoke) exec "$SCRIPT_DIR/node-smoke.sh" --name "$NAME" "${smoke_args[@]}" ;;
   -h | --help | help) usage ;;
   *)
