@@ -223,9 +223,11 @@ unmount_under() { # DIR
 # of this run dir (their command line names its containerd socket).
 pod_pids() {
   local f
-  while read -r f; do
-    cat "$f" 2>/dev/null || true
-  done < <(find /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/kubepods -name cgroup.procs 2>/dev/null || true)
+  # (Not the cgroups' if kubepods existed before start: then they are not only ours.)
+  grep -q '^cgroup ' "$RUN_DIR/host-before" 2>/dev/null ||
+    while read -r f; do
+      cat "$f" 2>/dev/null || true
+    done < <(find /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/kubepods -name cgroup.procs 2>/dev/null || true)
   pgrep -f "containerd-shim.*-address $RUN_DIR/containerd/" 2>/dev/null || true
 }
 
@@ -630,7 +632,9 @@ cmd_start() {
   fi
   local other
   for other in "$RUN_ROOT"/node-*/; do
-    [[ -f $other/host-before ]] && die "another real node runs on this machine: $other (node.sh stop --name ${other%/}; one per machine)"
+    other="${other%/}"
+    [[ -f $other/host-before ]] &&
+      die "another real node runs on this machine: $other (node.sh stop --name ${other##*/node-}; one per machine)"
   done
   local start=$SECONDS kport khport phport pmport
   mkdir -p "$RUN_DIR/logs"
