@@ -66,7 +66,7 @@ host_state() {
   done
   # by name, and any process started with one of this test's run dirs in its command line;
   # not zombies (this VM's init reaps the exited daemons it inherits a moment later)
-  echo "processes: $({ pgrep -x 'containerd|containerd-shim|kubelet|kube-proxy|kube-scheduler|pause' || true
+  echo "processes: $({ for p in containerd containerd-shim kubelet kube-proxy kube-scheduler pause; do pgrep -x "$p" || true; done
     pgrep -f "$RUN_ROOT/(node|k8s)-$NAME/" || true; } | sort -u | xargs -r ps -o stat=,comm= -p |
     awk '$1 !~ /^Z/ { print $2 }' | sort | paste -sd' ' -)"
   echo "run dirs: $(ls -d "$RUN_ROOT/node-$NAME" "$RUN_ROOT/k8s-$NAME" 2>/dev/null | paste -sd' ' -)"
