@@ -231,6 +231,13 @@ else
   log "no eddy-worker image in $STORE (images/build.sh makes one); skipping that pod"
 fi
 
+# Every listening socket of the node's and the control plane's processes is on 127.0.0.1 or
+# the node's address.
+pids="$(cat "$RUN_ROOT/node-$NAME"/*.pid "$RUN_ROOT/k8s-$NAME"/*.pid | paste -sd'|' -)"
+listeners="$(ss -H -ltunp | grep -E "pid=($pids)," | awk '{ print $5 }' | sort -u)"
+check "every listener on 127.0.0.1 or $EDDY_K8S_NODE_IP ($(wc -l <<<"$listeners") sockets)" \
+  test -z "$(grep -vE "^(127\.0\.0\.1|${EDDY_K8S_NODE_IP//./\\.}):[0-9]+$" <<<"$listeners")"
+
 if ((KEEP)); then
   log "--keep: node and control plane left running (node.sh stop --name $NAME; cluster.sh stop --name $NAME); host not compared"
 else
