@@ -2,7 +2,9 @@
 # A real, node-less Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager)
 # as local processes on 127.0.0.1, for eddy's end-to-end tests of the operator and its chart.
 #
-#   cluster.sh start [--name NAME]       start (or reuse) it; prints the kubeconfig path last
+#   cluster.sh start [--name NAME] [--node]  start (or reuse) it; prints the kubeconfig path last
+#                                        --node: ready for a real node (node.sh): a bridge with
+#                                        the node's address, the API server on it, kube-scheduler
 #   cluster.sh stop [--name NAME]        stop it and remove its run dir (idempotent)
 #   cluster.sh kubeconfig [--name NAME]  print the kubeconfig path, exit 1 if not running
 #   cluster.sh status [--name NAME]      say what runs; exit 0 if the cluster is up and ready
@@ -28,6 +30,11 @@ SERVICE_IP="10.96.0.1" # first address of SERVICE_CIDR: the 'kubernetes' Service
 PORT_MIN="${EDDY_K8S_PORT_MIN:-20000}"
 PORT_MAX="${EDDY_K8S_PORT_MAX:-32000}"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager) # start order; stopped in reverse
+# --node: the real node's network (node.sh). One per machine: a bridge of our own on a private
+# subnet, its first address the node's (and the API server's) address. Nothing routes it out.
+NODE_SUBNET="${EDDY_K8S_NODE_SUBNET:-10.233.0.0/24}"
+NODE_BRIDGE="${EDDY_K8S_NODE_BRIDGE:-eddybr0}"
+NODE_MODE=0
 
 log() { printf 'cluster.sh: %s\n' "$*" >&2; }
 die() {
@@ -37,18 +44,21 @@ die() {
 
 usage() {
   cat >&2 <<EOF
-usage: cluster.sh start [--name NAME]
+usage: cluster.sh start [--name NAME] [--node]
        cluster.sh stop [--name NAME]
        cluster.sh kubeconfig [--name NAME]
        cluster.sh status [--name NAME]
        cluster.sh bin
 
 A local Kubernetes control plane (etcd, kube-apiserver with RBAC, kube-controller-manager;
-no nodes, no kubelet) on 127.0.0.1. NAME defaults to 'default'.
+no nodes, no kubelet) on 127.0.0.1. NAME defaults to 'default'. With --node (root only): also
+a bridge $NODE_BRIDGE with the first address of $NODE_SUBNET, on which the API server listens
+(instead of 127.0.0.1), Node authorization, and kube-scheduler, for e2e/k8s/node.sh.
 
 environment: EDDY_CACHE (binary cache root, default ~/.cache/eddy), EDDY_RUN (run dirs,
 default ~/.cache/eddy/run), EDDY_K8S_START_TIMEOUT (s, default 180), EDDY_K8S_STOP_TIMEOUT
-(s, default 15), EDDY_K8S_CONTROLLERS (default '*'), EDDY_K8S_BUILD_JOBS (go build -p).
+(s, default 15), EDDY_K8S_CONTROLLERS (default '*'), EDDY_K8S_BUILD_JOBS (go build -p),
+EDDY_K8S_NODE_SUBNET (default 10.233.0.0/24), EDDY_K8S_NODE_BRIDGE (default eddybr0).
 EOF
 }
 
@@ -75,6 +85,51 @@ ensure_bin() {
   [[ -n $BIN_DIR ]] && return 0
   BIN_DIR="$("$SCRIPT_DIR/build/build.sh" | tail -n 1)" || die "building the Kubernetes binaries failed"
   [[ -x $BIN_DIR/kube-apiserver ]] || die "no kube-apiserver in '$BIN_DIR'"
+  if ((NODE_MODE)); then
+    NODE_BIN_DIR="$("$SCRIPT_DIR/build/build.sh" node | tail -n 1)" || die "building kubelet, kube-scheduler, kube-proxy failed"
+    [[ -x $NODE_BIN_DIR/kube-scheduler ]] || die "no kube-scheduler in '$NODE_BIN_DIR'"
+  fi
+}
+
+# ---------------------------------------------------------------------------- node network
+
+# The node's address: the first one of NODE_SUBNET (a /24 or larger, IPv4).
+node_ip() {
+  if ! [[ $NODE_SUBNET =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)\.0/([0-9]+)$ ]] || ((BASH_REMATCH[4] > 24)); then
+    die "EDDY_K8S_NODE_SUBNET must be an IPv4 /24 (or larger) ending in .0, got '$NODE_SUBNET'"
+  fi
+  echo "${BASH_REMATCH[1]}.${BASH_REMATCH[2]}.${BASH_REMATCH[3]}.1"
+}
+
+# The bridge is made before the API server, which binds its address; `stop` deletes it. Its
+# name and address are kept in the run dir so that only our own bridge is ever deleted.
+bridge_up() {
+  local ip
+  ip="$(node_ip)"
+  [[ $(id -u) == 0 ]] || die "--node needs root (a bridge, then containerd and the kubelet)"
+  need_cmd ip iproute2
+  if ip link show "$NODE_BRIDGE" >/dev/null 2>&1; then
+    die "a link named $NODE_BRIDGE exists already (another real node on this machine? e2e/k8s/node.sh status; EDDY_K8S_NODE_BRIDGE names another)"
+  fi
+  if ip -4 -o addr show | grep -q " inet $ip/"; then
+    die "$ip is already an address of this machine (EDDY_K8S_NODE_SUBNET picks another subnet)"
+  fi
+  printf 'NODE_BRIDGE=%s\nNODE_IP=%s\nNODE_SUBNET=%s\n' "$NODE_BRIDGE" "$ip" "$NODE_SUBNET" >"$RUN_DIR/bridge"
+  ip link add "$NODE_BRIDGE" type bridge || die "could not create the bridge $NODE_BRIDGE"
+  # No IPv6 on it (no link-local address, no router solicitations), interface-scoped only.
+  sysctl -q -w "net.ipv6.conf.$NODE_BRIDGE.disable_ipv6=1" 2>/dev/null || true
+  ip addr add "$ip/${NODE_SUBNET#*/}" dev "$NODE_BRIDGE" || die "could not add $ip to $NODE_BRIDGE"
+  ip link set "$NODE_BRIDGE" up || die "could not bring $NODE_BRIDGE up"
+}
+
+bridge_down() { # delete the bridge this run dir made (its veths go with their network namespaces)
+  local f="$RUN_DIR/bridge" br
+  [[ -f $f ]] || return 0
+  br="$(sed -n 's/^NODE_BRIDGE=//p' "$f")"
+  if [[ -n $br ]] && ip link show "$br" >/dev/null 2>&1; then
+    ip link delete "$br" || die "could not delete the bridge $br"
+  fi
+  rm -f "$f"
 }
 
 # ---------------------------------------------------------------------------- processes
@@ -106,11 +161,21 @@ live_pids() {
 kill_all() {
   local c pid waited=0
   [[ -n "$(live_pids)" ]] || return 0
-  for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do # controller-manager, apiserver, then etcd
+  # Everything but etcd first (scheduler, controller-manager, apiserver), etcd once they are
+  # gone: an apiserver with the lease endpoint reconciler (--node) removes its endpoint from
+  # etcd on the way out, and etcd does not exit while the apiserver's watches are open, so
+  # stopping both at once waited for the SIGKILL.
+  for ((i = ${#COMPONENTS[@]} - 1; i >= 1; i--)); do
     c="${COMPONENTS[$i]}"
     pid="$(comp_pid "$c")"
     if proc_alive "$pid" "$RUN_DIR"; then kill -TERM "$pid" 2>/dev/null || true; fi
   done
+  while [[ "$(live_pids)" != "$(live_etcd)" ]] && ((waited < STOP_TIMEOUT * 5)); do
+    sleep 0.2
+    waited=$((waited + 1))
+  done
+  pid="$(comp_pid etcd)"
+  if proc_alive "$pid" "$RUN_DIR"; then kill -TERM "$pid" 2>/dev/null || true; fi
   while [[ -n "$(live_pids)" ]] && ((waited < STOP_TIMEOUT * 5)); do
     sleep 0.2
     waited=$((waited + 1))
@@ -124,6 +189,12 @@ kill_all() {
     sleep 0.2
   done
   die "could not kill: $(live_pids | paste -sd' ' -)"
+}
+
+live_etcd() {
+  local pid
+  pid="$(comp_pid etcd)"
+  if proc_alive "$pid" "$RUN_DIR"; then echo "$pid"; fi
 }
 
 # spawn NAME ARGS...: start a component detached from our session, logging to logs/NAME.log.
@@ -159,9 +230,13 @@ log_tail() { # NAME
 # shellcheck source=../lib/ports.sh
 . "$SCRIPT_DIR/../lib/ports.sh"
 
-wait_port() { # NAME PORT: until something listens on PORT; fail fast if NAME died
-  local name="$1" port="$2" waited=0
-  until port_listening "$port"; do
+host_listening() { # HOST PORT
+  (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+wait_port() { # NAME PORT [HOST]: until something listens on HOST:PORT; fail fast if NAME died
+  local name="$1" port="$2" host="${3:-127.0.0.1}" waited=0
+  until host_listening "$host" "$port"; do
     # Only the pid here: right after the launch the process may not have exec'd yet, so its
     # command line is still this script's (comp_alive's check guards stale pid files).
     kill -0 "$(comp_pid "$name")" 2>/dev/null || {
@@ -170,7 +245,7 @@ wait_port() { # NAME PORT: until something listens on PORT; fail fast if NAME di
     }
     ((waited < START_TIMEOUT * 5)) || {
       log_tail "$name"
-      die "$name did not listen on 127.0.0.1:$port within ${START_TIMEOUT}s"
+      die "$name did not listen on $host:$port within ${START_TIMEOUT}s"
     }
     sleep 0.2
     waited=$((waited + 1))
@@ -208,7 +283,7 @@ gen_pki() {
   sign apiserver "/CN=kube-apiserver" "basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:$SERVICE_IP${NODE_IP:+,IP:$NODE_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   local client="basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
@@ -222,6 +297,12 @@ extendedKeyUsage=clientAuth"
     -out "$pki/front-proxy-ca.crt" 2>/dev/null || die "openssl could not create the front-proxy CA"
   CA=front-proxy-ca sign front-proxy-client "/CN=front-proxy-client" "$client"
   sign controller-manager "/CN=system:kube-controller-manager" "$client"
+  if ((NODE_MODE)); then
+    sign scheduler "/CN=system:kube-scheduler" "$client"
+    # The API server's client cert towards the kubelets (logs, exec, port-forward); the
+    # kubelets authorize it by webhook, and system:masters may do anything.
+    sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client"
+  fi
   # service-account token signing key pair: RSA, so tokens are RS256 like on most clusters
   (umask 077 && openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null) || die "openssl could not generate sa.key"
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null || die "openssl could not write sa.pub"
@@ -297,9 +378,25 @@ wait_ready() { # [UNTIL]: readyz, then the default namespace and ServiceAccount 
 }
 
 start_components() {
-  local etcd_port peer_port api_port kcm_port pki="$RUN_DIR/pki" server
-  read -r etcd_port peer_port api_port kcm_port <<<"$(cat "$RUN_DIR/ports")"
-  server="https://127.0.0.1:$api_port"
+  local etcd_port peer_port api_port kcm_port sched_port pki="$RUN_DIR/pki" api_ip=127.0.0.1
+  read -r etcd_port peer_port api_port kcm_port sched_port <<<"$(cat "$RUN_DIR/ports")"
+  # With a real node the API server listens on the node's address only: the kubelet, the
+  # pods (through the 'kubernetes' Service, whose Endpoints the lease reconciler keeps at that
+  # address) and the clients on this machine all reach it there.
+  local api_flags=(--endpoint-reconciler-type=none --authorization-mode=RBAC)
+  if ((NODE_MODE)); then
+    api_ip="$NODE_IP"
+    # shellcheck disable=SC2054 # Node,RBAC is one flag value
+    api_flags=(
+      --endpoint-reconciler-type=lease
+      --authorization-mode=Node,RBAC
+      --enable-admission-plugins=NodeRestriction
+      --kubelet-preferred-address-types=InternalIP
+      --kubelet-certificate-authority="$pki/ca.crt"
+      --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt"
+      --kubelet-client-key="$pki/apiserver-kubelet-client.key"
+    )
+  fi
 
   spawn etcd "$BIN_DIR/etcd" \
     --name=eddy \
@@ -319,13 +416,13 @@ start_components() {
   # --allow-privileged: no container ever runs; don't reject pod specs a real cluster accepts.
   spawn kube-apiserver "$BIN_DIR/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$etcd_port" \
-    --bind-address=127.0.0.1 \
-    --advertise-address=127.0.0.1 \
+    --bind-address="$api_ip" \
+    --advertise-address="$api_ip" \
     --secure-port="$api_port" \
     --tls-cert-file="$pki/apiserver.crt" \
     --tls-private-key-file="$pki/apiserver.key" \
     --client-ca-file="$pki/ca.crt" \
-    --authorization-mode=RBAC \
+    "${api_flags[@]}" \
     --requestheader-client-ca-file="$pki/front-proxy-ca.crt" \
     --requestheader-allowed-names=front-proxy-client \
     --requestheader-username-headers=X-Remote-User \
@@ -337,11 +434,10 @@ start_components() {
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$pki/sa.pub" \
     --service-account-signing-key-file="$pki/sa.key" \
-    --endpoint-reconciler-type=none \
     --allow-privileged=true \
     --profiling=false \
     --v=1
-  wait_port kube-apiserver "$api_port"
+  wait_port kube-apiserver "$api_port" "$api_ip"
   # The controller manager exits if its RBAC bindings are not bootstrapped yet (a kubelet would
   # restart it; nothing does here), so start it only once /readyz is ok.
   wait_ready readyz
@@ -360,39 +456,79 @@ start_components() {
     --cluster-signing-cert-file="$pki/ca.crt" \
     --cluster-signing-key-file="$pki/ca.key" \
     --cluster-name="eddy-$NAME" \
+    --flex-volume-plugin-dir="$RUN_DIR/flexvolume" \
     --kube-api-qps=200 \
     --kube-api-burst=400 \
     --profiling=false \
     --v=1
   wait_port kube-controller-manager "$kcm_port"
+
+  if ((NODE_MODE)); then
+    spawn kube-scheduler "$NODE_BIN_DIR/kube-scheduler" \
+      --kubeconfig="$RUN_DIR/scheduler.kubeconfig" \
+      --authentication-kubeconfig="$RUN_DIR/scheduler.kubeconfig" \
+      --authorization-kubeconfig="$RUN_DIR/scheduler.kubeconfig" \
+      --bind-address=127.0.0.1 \
+      --secure-port="$sched_port" \
+      --leader-elect=false \
+      --kube-api-qps=100 \
+      --kube-api-burst=200 \
+      --profiling=false \
+      --v=1
+    wait_port kube-scheduler "$sched_port"
+  fi
+}
+
+# The components of this run: kube-scheduler too if the run dir has a bridge (made by
+# --node), or with --node when the run dir is yet to be made (set_components new).
+set_components() {
+  COMPONENTS=(etcd kube-apiserver kube-controller-manager)
+  if [[ -f $RUN_DIR/bridge ]] || { [[ ${1:-} == new ]] && ((NODE_MODE)); }; then
+    COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+  fi
 }
 
 cmd_start() {
   ensure_bin
   lock 9 "$RUN_ROOT/k8s-$NAME.lock"
   if [[ -d $RUN_DIR ]]; then
+    set_components
     if cluster_ready; then
+      local had_node=0
+      [[ -f $RUN_DIR/bridge ]] && had_node=1
+      ((had_node == NODE_MODE)) ||
+        die "cluster '$NAME' runs $( ((had_node)) && echo with || echo without) --node; stop it first"
       log "already running ($RUN_DIR)"
       echo "$RUN_DIR/kubeconfig"
       return 0
     fi
     log "found a stale or broken cluster in $RUN_DIR, starting afresh"
     kill_all
+    bridge_down
     rm -rf "$RUN_DIR"
   fi
+  set_components new
   need_cmd openssl openssl
-  local start=$SECONDS api_port
+  local start=$SECONDS api_port api_host=127.0.0.1 nports=4
   mkdir -p "$RUN_DIR/logs"
+  NODE_IP=""
+  if ((NODE_MODE)); then
+    NODE_IP="$(node_ip)"
+    api_host="$NODE_IP"
+    nports=5
+    bridge_up
+  fi
   gen_pki
 
   # Hold the ports lock until every port is bound, so a concurrent start (ours or kafka.sh's)
   # cannot pick the same ones.
   lock 8 "$RUN_ROOT/.ports.lock"
-  pick_ports 4 >"$RUN_DIR/ports"
+  pick_ports "$nports" >"$RUN_DIR/ports"
   read -r _ _ api_port _ <"$RUN_DIR/ports"
-  write_kubeconfig "$RUN_DIR/kubeconfig" admin "https://127.0.0.1:$api_port"
-  write_kubeconfig "$RUN_DIR/controller-manager.kubeconfig" controller-manager "https://127.0.0.1:$api_port"
-  log "starting etcd, kube-apiserver and kube-controller-manager (ports $(tr ' ' ',' <"$RUN_DIR/ports"))"
+  write_kubeconfig "$RUN_DIR/kubeconfig" admin "https://$api_host:$api_port"
+  write_kubeconfig "$RUN_DIR/controller-manager.kubeconfig" controller-manager "https://$api_host:$api_port"
+  ((NODE_MODE)) && write_kubeconfig "$RUN_DIR/scheduler.kubeconfig" scheduler "https://$api_host:$api_port"
+  log "starting ${COMPONENTS[*]} (ports $(tr ' ' ',' <"$RUN_DIR/ports"))"
   if ! (start_components); then
     kill_all
     exit 1
@@ -403,13 +539,20 @@ cmd_start() {
     kill_all
     exit 1
   fi
-  cat >"$RUN_DIR/env" <<EOF
-KUBECONFIG=$RUN_DIR/kubeconfig
-EDDY_K8S_BIN_DIR=$BIN_DIR
-EDDY_K8S_SERVER=https://127.0.0.1:$api_port
-EDDY_K8S_VERSION=$(basename "$(dirname "$BIN_DIR")")
-EDDY_K8S_RUN_DIR=$RUN_DIR
-EOF
+  {
+    echo "KUBECONFIG=$RUN_DIR/kubeconfig"
+    echo "EDDY_K8S_BIN_DIR=$BIN_DIR"
+    echo "EDDY_K8S_SERVER=https://$api_host:$api_port"
+    echo "EDDY_K8S_VERSION=$(basename "$(dirname "$BIN_DIR")")"
+    echo "EDDY_K8S_RUN_DIR=$RUN_DIR"
+    if ((NODE_MODE)); then
+      echo "EDDY_K8S_NODE_BIN_DIR=$NODE_BIN_DIR"
+      echo "EDDY_K8S_NODE_IP=$NODE_IP"
+      echo "EDDY_K8S_NODE_SUBNET=$NODE_SUBNET"
+      echo "EDDY_K8S_NODE_BRIDGE=$NODE_BRIDGE"
+      echo "EDDY_K8S_SERVICE_CIDR=$SERVICE_CIDR"
+    fi
+  } >"$RUN_DIR/env"
   log "ready in $((SECONDS - start))s: $BIN_DIR/kubectl --kubeconfig $RUN_DIR/kubeconfig"
   echo "$RUN_DIR/kubeconfig"
 }
@@ -417,7 +560,13 @@ EOF
 cmd_stop() {
   lock 9 "$RUN_ROOT/k8s-$NAME.lock"
   [[ -d $RUN_DIR ]] || return 0
+  if [[ -f $RUN_DIR/bridge && -d $RUN_ROOT/node-$NAME ]]; then
+    log "a real node still runs on cluster '$NAME'; stopping it first"
+    "$SCRIPT_DIR/node.sh" stop --name "$NAME" || die "node.sh stop --name $NAME failed"
+  fi
+  set_components
   kill_all
+  bridge_down
   rm -rf "$RUN_DIR"
   lock_remove "$RUN_ROOT/k8s-$NAME.lock"
   log "stopped $NAME"
@@ -425,6 +574,7 @@ cmd_stop() {
 
 cmd_kubeconfig() {
   [[ -f $RUN_DIR/kubeconfig ]] || die "cluster '$NAME' is not running"
+  set_components
   local c
   for c in "${COMPONENTS[@]}"; do comp_alive "$c" || die "cluster '$NAME': $c is not running"; done
   echo "$RUN_DIR/kubeconfig"
@@ -436,6 +586,7 @@ cmd_status() {
     echo "cluster '$NAME': not running"
     return 1
   }
+  set_components
   for c in "${COMPONENTS[@]}"; do
     if comp_alive "$c"; then echo "$c: running (pid $(comp_pid "$c"))"; else
       echo "$c: not running"
@@ -471,6 +622,10 @@ main() {
       ;;
     --name=*)
       NAME="${1#--name=}"
+      shift
+      ;;
+    --node)
+      NODE_MODE=1
       shift
       ;;
     -h | --help)

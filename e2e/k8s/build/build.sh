@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager, kubectl and helm from the Go modules
-# pinned in kube/ and helm/ (next to this script) into
-#   ${EDDY_CACHE:-$HOME/.cache/eddy}/k8s/<k8s-version>/bin
-# and prints that directory as its last line of stdout (progress goes to stderr).
+#   build.sh [control-plane]   etcd, kube-apiserver, kube-controller-manager, kubectl and helm
+#                              into ${EDDY_CACHE:-$HOME/.cache/eddy}/k8s/<k8s-version>/bin
+#   build.sh node              kubelet, kube-scheduler and kube-proxy (the real node, node.sh)
+#                              into ${EDDY_CACHE:-$HOME/.cache/eddy}/k8s/<k8s-version>/node-bin
+# Builds them from the Go modules pinned in kube/ and helm/ (next to this script) and prints
+# that directory as its last line of stdout (progress goes to stderr).
 #
-# A stamp file in the bin dir records a hash of the pinned go.mod/go.sum files and the build
+# A stamp file in each bin dir records a hash of the pinned go.mod/go.sum files and the build
 # flags; when it matches and all binaries are there, nothing is built (no `go` run at all).
+# The node binaries have their own dir and stamp: users of the control plane alone never
+# build them (the kubelet alone takes ≈ 9 min cold on 2 busy cores).
 #
 # environment: EDDY_CACHE, EDDY_K8S_BUILD_JOBS (go build -p, default: number of CPUs),
 # EDDY_K8S_BUILD_NICE (nice level of the compiler, default 10), EDDY_K8S_FORCE_BUILD=1.
@@ -14,7 +18,15 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
 CACHE_ROOT="${EDDY_CACHE:-$HOME/.cache/eddy}"
 BUILD_REV=1 # bump when the way the binaries are built changes
-BINARIES=(etcd kube-apiserver kube-controller-manager kubectl helm)
+TARGET="${1:-control-plane}"
+case $TARGET in
+control-plane) BINARIES=(etcd kube-apiserver kube-controller-manager kubectl helm) BIN_NAME=bin ;;
+node) BINARIES=(kubelet kube-scheduler kube-proxy) BIN_NAME=node-bin ;;
+*)
+  printf 'usage: build.sh [control-plane|node]\n' >&2
+  exit 2
+  ;;
+esac
 
 log() { printf 'k8s build: %s\n' "$*" >&2; }
 die() {
@@ -34,7 +46,7 @@ K8S_MINOR="${BASH_REMATCH[1]}"
 [[ -n $ETCD_VERSION && -n $HELM_VERSION ]] || die "cannot read the etcd/helm versions from $HERE/{kube,helm}/go.mod"
 
 K8S_DIR="$CACHE_ROOT/k8s/$K8S_VERSION"
-BIN_DIR="$K8S_DIR/bin"
+BIN_DIR="$K8S_DIR/$BIN_NAME"
 STAMP="$BIN_DIR/.stamp"
 
 # Linker flags: strip symbols, and stamp the versions that upstream's release builds stamp
@@ -60,6 +72,12 @@ helm_ldflags() {
 
 stamp_content() {
   {
+    if [[ $TARGET == node ]]; then
+      echo "rev $BUILD_REV node k8s $K8S_VERSION"
+      kube_ldflags
+      cat "$HERE/kube/go.mod" "$HERE/kube/go.sum"
+      return
+    fi
     echo "rev $BUILD_REV k8s $K8S_VERSION etcd $ETCD_VERSION helm $HELM_VERSION"
     kube_ldflags
     helm_ldflags
@@ -80,30 +98,41 @@ build() {
   local niceness="${EDDY_K8S_BUILD_NICE:-10}"
   local tmp start
   mkdir -p "$K8S_DIR"
-  tmp="$(mktemp -d "$K8S_DIR/bin.tmp.XXXXXX")"
+  tmp="$(mktemp -d "$K8S_DIR/$BIN_NAME.tmp.XXXXXX")"
   chmod 755 "$tmp"
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp'" EXIT
   start=$SECONDS
-  log "building Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION with $(go version | cut -d' ' -f3) (-p $jobs); ≈ 10 min on 2 cores with a cold Go build cache"
+  [[ $TARGET == node ]] ||
+    log "building Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION with $(go version | cut -d' ' -f3) (-p $jobs); ≈ 10 min on 2 cores with a cold Go build cache"
   # Static binaries as upstream builds them; modules only from the pinned go.sum; the Go
   # toolchain named by the go directive may be fetched from the module proxy if ours is older.
   export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" GOWORK=off
   local gobuild=(nice -n "$niceness" go build) cmd
-  log "etcd..."
-  "${gobuild[@]}" -C "$HERE/kube" -p "$jobs" -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3 ||
-    die "building etcd failed (see above)"
-  for cmd in kube-apiserver kube-controller-manager kubectl; do
-    log "$cmd..."
-    "${gobuild[@]}" -C "$HERE/kube" -p "$jobs" -trimpath -ldflags "$(kube_ldflags)" -o "$tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd" ||
-      die "building $cmd failed (see above)"
-  done
-  log "helm..."
-  "${gobuild[@]}" -C "$HERE/helm" -p "$jobs" -trimpath -ldflags "$(helm_ldflags)" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm ||
-    die "building helm failed (see above)"
+  if [[ $TARGET == node ]]; then
+    log "building kubelet, kube-scheduler, kube-proxy $K8S_VERSION with $(go version | cut -d' ' -f3) (-p $jobs); the kubelet ≈ 9 min on 2 busy cores with a cold Go build cache"
+    for cmd in "${BINARIES[@]}"; do
+      log "$cmd..."
+      "${gobuild[@]}" -C "$HERE/kube" -p "$jobs" -trimpath -ldflags "$(kube_ldflags)" -o "$tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd" ||
+        die "building $cmd failed (see above)"
+      log "$cmd built ($((SECONDS - start)) s so far)"
+    done
+  else
+    log "etcd..."
+    "${gobuild[@]}" -C "$HERE/kube" -p "$jobs" -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3 ||
+      die "building etcd failed (see above)"
+    for cmd in kube-apiserver kube-controller-manager kubectl; do
+      log "$cmd..."
+      "${gobuild[@]}" -C "$HERE/kube" -p "$jobs" -trimpath -ldflags "$(kube_ldflags)" -o "$tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd" ||
+        die "building $cmd failed (see above)"
+    done
+    log "helm..."
+    "${gobuild[@]}" -C "$HERE/helm" -p "$jobs" -trimpath -ldflags "$(helm_ldflags)" -o "$tmp/helm" helm.sh/helm/v3/cmd/helm ||
+      die "building helm failed (see above)"
+  fi
   {
     stamp_content
-    echo "k8s=$K8S_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION go=$(go env GOVERSION) built=$(date -u +%FT%TZ) seconds=$((SECONDS - start))"
+    echo "target=$TARGET k8s=$K8S_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION go=$(go env GOVERSION) built=$(date -u +%FT%TZ) seconds=$((SECONDS - start))"
   } >"$tmp/.stamp"
   rm -rf "$BIN_DIR"
   mv "$tmp" "$BIN_DIR"
@@ -118,7 +147,9 @@ main() {
   fi
   mkdir -p "$CACHE_ROOT/k8s"
   # One build at a time per version (two concurrent `cluster.sh start` share it).
-  exec 8>"$CACHE_ROOT/k8s/$K8S_VERSION.lock"
+  local lockfile="$CACHE_ROOT/k8s/$K8S_VERSION.lock"
+  [[ $TARGET == node ]] && lockfile="$CACHE_ROOT/k8s/$K8S_VERSION-node.lock"
+  exec 8>"$lockfile"
   if command -v flock >/dev/null 2>&1; then
     flock -w 3600 8 || die "timed out waiting for another build of $K8S_VERSION"
   fi

@@ -55,6 +55,9 @@ mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9.-]*\) => \./stag
   echo "	k8s.io/kubernetes/cmd/kube-apiserver"
   echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
   echo "	k8s.io/kubernetes/cmd/kubectl"
+  echo "	k8s.io/kubernetes/cmd/kube-proxy"
+  echo "	k8s.io/kubernetes/cmd/kube-scheduler"
+  echo "	k8s.io/kubernetes/cmd/kubelet"
   echo ")"
   echo
   echo "replace ("
