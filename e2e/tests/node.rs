@@ -1,0 +1,287 @@
+//! The real-node tier: the chart installed with `helm install` as README says, on a real node
+//! (kubelet, containerd and runc, a CNI bridge, kube-proxy: `e2e/k8s/node.sh`), its operator
+//! and the apps' workers running as pods of the images `images/build.sh` makes, against a
+//! broker on the node's bridge address (`eddy_e2e::node`). What the pod runner of the other
+//! operator tests cannot show: the images start as pods; the worker's `securityContext` is in
+//! force (checked from the host, on the container's process); its state volume is a local
+//! PersistentVolume bound through the scheduler and owned through `fsGroup`; a deleted pod
+//! comes back on its volume with the counts exact. One node, broker and chart serve the
+//! binary's tests; each works in a namespace of its own. Root only.
+//!
+//! Alone: `CARGO_TARGET_DIR=~/.cache/eddy/target cargo test --release -p eddy-e2e --test node`.
+
+use anyhow::{Context as _, Result, ensure};
+use eddy_e2e::node::{self, Namespace, OPERATOR_NS, RELEASE, RealNode, WAIT, WORKER_UID};
+use eddy_e2e::*;
+use std::os::unix::fs::MetadataExt as _;
+use std::time::Instant;
+
+const EXACTLY_ONCE: &str = "  cleanupPolicy: Delete\n  processingGuarantee: exactly_once\n";
+
+fn app_yaml(name: &str, replicas: i32, bs: &str, input: &str, output: &str, extra: &str) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  kafka: {{bootstrapServers: "{bs}"}}
+  commitIntervalMs: 200
+{extra}  topology:
+    - from: {{topic: {input}}}
+    - count: {{store: counts}}
+    - to: {{topic: {output}, value: i64}}
+"#
+    )
+}
+
+/// `n` records over `keys` keys (`k0`, `k1`, ...) into `topic`.
+fn produce_counts(topic: &str, n: usize, keys: usize) -> Result<()> {
+    let records: Vec<Input> = (0..n)
+        .map(|i| {
+            (
+                Some(format!("k{}", i % keys).into_bytes()),
+                Some(b"{}".to_vec()),
+            )
+        })
+        .collect();
+    produce(topic, &records)
+}
+
+/// Each of `keys` keys counted to `each` in the committed output, its counts rising from one
+/// record to the next: a record counted twice or a count gone back would show.
+fn counted_exactly(output: &str, keys: usize, each: i64) -> Result<bool> {
+    let seen = i64_values_by_key(output)?;
+    Ok(seen.len() == keys
+        && seen
+            .values()
+            .all(|v| v.last() == Some(&each) && v.windows(2).all(|w| w[0] < w[1])))
+}
+
+/// The app's phase is Running with `replicas` Ready pods.
+fn running(env: &RealNode, ns: &str, app: &str, replicas: usize) -> bool {
+    env.get(ns, &format!("ssapp/{app}"), "{.status.phase}") == "Running"
+        && env.get(ns, &format!("statefulset/{app}"), "{.status.readyReplicas}")
+            == replicas.to_string()
+}
+
+/// Worker pod `<app>-<i>` as the node runs it: on the node, from the worker image, Ready; and
+/// from the host, on the container's process: uid and gid 65532 with the fsGroup as
+/// supplementary group, no capabilities, seccomp and no_new_privs, a read-only root; its
+/// state dir is the local PersistentVolume's directory, group 65532 with setgid, and what the
+/// worker wrote there is 65532's; its `/metrics` answer at its pod IP.
+fn check_worker_pod(env: &RealNode, ns: &str, app: &str, i: usize) -> Result<()> {
+    let pod = format!("{app}-{i}");
+    let get = |path: &str| env.get(ns, &format!("pod/{pod}"), path);
+    let placed = get(
+        "{.spec.nodeName} {.status.containerStatuses[0].image} {.status.containerStatuses[0].ready}",
+    );
+    ensure!(
+        placed == format!("{} {} true", env.node, env.worker_image),
+        "{pod}: node, image, ready: {placed}"
+    );
+    let sc = get(
+        "{.spec.securityContext.runAsUser} {.spec.securityContext.runAsGroup} {.spec.securityContext.fsGroup} {.spec.containers[0].securityContext.readOnlyRootFilesystem} {.spec.containers[0].securityContext.capabilities.drop[*]}",
+    );
+    ensure!(
+        sc == format!("{WORKER_UID} {WORKER_UID} {WORKER_UID} true ALL"),
+        "{pod}: securityContext {sc}"
+    );
+    let ip = get("{.status.podIP}");
+    let subnet = env.node_ip.rsplit_once('.').map(|(n, _)| n).unwrap_or("");
+    ensure!(
+        ip.rsplit_once('.').map(|(n, _)| n) == Some(subnet),
+        "{pod}: pod IP {ip:?} is not in the node's subnet ({})",
+        env.node_ip
+    );
+
+    let pid = env.container_pid(ns, &pod)?;
+    let status = node::proc_status(pid)?;
+    let field = |k: &str| status.get(k).map(String::as_str).unwrap_or("");
+    let ids = format!("{WORKER_UID} {WORKER_UID} {WORKER_UID} {WORKER_UID}");
+    ensure!(
+        field("Name") == "eddy-worker",
+        "{pod}: pid {pid} is {}",
+        field("Name")
+    );
+    ensure!(
+        field("Uid") == ids && field("Gid") == ids,
+        "{pod}: Uid {}, Gid {}",
+        field("Uid"),
+        field("Gid")
+    );
+    ensure!(
+        field("Groups")
+            .split(' ')
+            .any(|g| g.parse() == Ok(WORKER_UID)),
+        "{pod}: supplementary groups {:?} lack the fsGroup",
+        field("Groups")
+    );
+    for cap in ["CapEff", "CapPrm", "CapBnd"] {
+        ensure!(
+            field(cap) == "0000000000000000",
+            "{pod}: {cap} {}",
+            field(cap)
+        );
+    }
+    ensure!(
+        field("NoNewPrivs") == "1" && field("Seccomp") == "2",
+        "{pod}: NoNewPrivs {}, Seccomp {}",
+        field("NoNewPrivs"),
+        field("Seccomp")
+    );
+    let root = node::root_mount_options(pid)?;
+    ensure!(
+        root.split(',').next() == Some("ro"),
+        "{pod}: root mounted {root}"
+    );
+
+    let state = std::fs::metadata(format!("/proc/{pid}/root/var/lib/eddy"))?;
+    let pv = env.get(ns, &format!("pvc/state-{pod}"), "{.spec.volumeName}");
+    ensure!(
+        pv == format!("{ns}-state-{pod}"),
+        "{pod}: its claim is bound to {pv:?}"
+    );
+    let dir = env.volume_dir(&pv);
+    let host = std::fs::metadata(&dir)?;
+    ensure!(
+        (host.dev(), host.ino()) == (state.dev(), state.ino()),
+        "{pod}: /var/lib/eddy is not the PersistentVolume's {}",
+        dir.display()
+    );
+    ensure!(
+        state.gid() == WORKER_UID && state.mode() & 0o2070 == 0o2070,
+        "{pod}: the state volume is group {} mode {:o} (fsGroup: {WORKER_UID}, setgid, group rwx)",
+        state.gid(),
+        state.mode()
+    );
+    let mut written = 0;
+    for entry in std::fs::read_dir(&dir)? {
+        let m = entry?.metadata()?;
+        ensure!(
+            m.uid() == WORKER_UID && m.gid() == WORKER_UID,
+            "{pod}: the worker wrote a file of {}:{} in its state volume",
+            m.uid(),
+            m.gid()
+        );
+        written += 1;
+    }
+    ensure!(written > 0, "{pod}: nothing in its state volume");
+
+    let (code, metrics) = http_get(&format!("{ip}:9090"), "/metrics")?;
+    let build = format!(
+        "eddy_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    ensure!(
+        code == 200 && metrics.contains(&build),
+        "{pod}: {ip}:9090/metrics answered {code} without {build}"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_chart_runs_an_app_on_real_pods_hardened_with_its_state_on_local_volumes() -> Result<()> {
+    let env = node::shared()?;
+    let space = Namespace::new(env)?;
+    let ns = space.name.as_str();
+    let app = unique("count");
+    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
+    produce_counts(&input, 4000, 40)?;
+    env.local_volumes(ns, &app, 2)?;
+
+    let t = Instant::now();
+    env.apply(
+        ns,
+        &app_yaml(&app, 2, &env.bs, &input, &output, EXACTLY_ONCE),
+    )?;
+    wait_until(WAIT, || counted_exactly(&output, 40, 100)).with_context(|| env.diagnostics(ns))?;
+    node::note(&format!(
+        "app applied to its output exact in {:.1} s",
+        node::since(t)
+    ));
+    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
+    for i in 0..2 {
+        check_worker_pod(env, ns, &app, i).with_context(|| env.diagnostics(ns))?;
+    }
+
+    // The chart's operator: its pods from the operator image, with its ServiceAccount, one
+    // of them leading.
+    let operators = env.get(
+        OPERATOR_NS,
+        "pods",
+        "{range .items[*]}{.spec.serviceAccountName} {.status.containerStatuses[0].image} {.status.containerStatuses[0].ready}{\"\\n\"}{end}",
+    );
+    let expected = format!("{RELEASE}-eddy-operator {} true", env.operator_image);
+    ensure!(
+        operators.lines().count() == 2 && operators.lines().all(|l| l == expected),
+        "operator pods: {operators}"
+    );
+    ensure!(env.operator_leaders()? == 1.0, "not one operator leads");
+    Ok(())
+}
+
+#[test]
+fn a_deleted_worker_pod_comes_back_on_its_volume_and_the_counts_stay_exact() -> Result<()> {
+    let env = node::shared()?;
+    let space = Namespace::new(env)?;
+    let ns = space.name.as_str();
+    let app = unique("back");
+    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
+    produce_counts(&input, 2000, 20)?;
+    env.local_volumes(ns, &app, 2)?;
+    let extra = format!("{EXACTLY_ONCE}  numStandbyReplicas: 1\n");
+    env.apply(ns, &app_yaml(&app, 2, &env.bs, &input, &output, &extra))?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
+    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
+
+    let pod = format!("{app}-0");
+    let uid = |env: &RealNode| env.get(ns, &format!("pod/{pod}"), "{.metadata.uid}");
+    let (before, volume) = (
+        uid(env),
+        env.get(ns, &format!("pvc/state-{pod}"), "{.spec.volumeName}"),
+    );
+    let t = Instant::now();
+    env.kubectl(
+        &[
+            "-n",
+            ns,
+            "delete",
+            "pod",
+            &pod,
+            "--wait=true",
+            "--timeout=120s",
+        ],
+        None,
+    )?;
+    node::note(&format!("{pod} deleted in {:.1} s", node::since(t)));
+    // Input while it is gone (or coming back): its tasks resume, on the other worker that
+    // keeps their standby or on the new pod, and every record is counted once.
+    produce_counts(&input, 2000, 20)?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 200)).with_context(|| env.diagnostics(ns))?;
+    node::note(&format!(
+        "counts exact again {:.1} s after the delete",
+        node::since(t)
+    ));
+    // The StatefulSet makes the pod anew, on the same claim and volume.
+    wait_until(WAIT, || {
+        let now = uid(env);
+        Ok(!now.is_empty() && now != before && running(env, ns, &app, 2))
+    })
+    .with_context(|| env.diagnostics(ns))?;
+    node::note(&format!(
+        "{pod} back and the app Running {:.1} s after the delete",
+        node::since(t)
+    ));
+    let again = env.get(ns, &format!("pvc/state-{pod}"), "{.spec.volumeName}");
+    ensure!(
+        again == volume,
+        "{pod}'s claim moved from {volume} to {again}"
+    );
+    check_worker_pod(env, ns, &app, 0).with_context(|| env.diagnostics(ns))?;
+
+    // With both workers back, more input is still counted exactly once.
+    produce_counts(&input, 2000, 20)?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 300)).with_context(|| env.diagnostics(ns))?;
+    Ok(())
+}
