@@ -285,3 +285,84 @@ fn a_deleted_worker_pod_comes_back_on_its_volume_and_the_counts_stay_exact() -> 
     wait_until(WAIT, || counted_exactly(&output, 20, 300)).with_context(|| env.diagnostics(ns))?;
     Ok(())
 }
+
+#[test]
+fn a_frozen_worker_is_restarted_by_its_liveness_probe_and_the_counts_stay_exact() -> Result<()> {
+    let env = node::shared()?;
+    let space = Namespace::new(env)?;
+    let ns = space.name.as_str();
+    let app = unique("frozen");
+    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
+    produce_counts(&input, 2000, 20)?;
+    env.local_volumes(ns, &app, 2)?;
+    env.apply(
+        ns,
+        &app_yaml(&app, 2, &env.bs, &input, &output, EXACTLY_ONCE),
+    )?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
+    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
+
+    // SIGSTOP to the worker's process (the container's pid 1, seen from the host): it
+    // answers nothing, not even its liveness probe.
+    let pod = format!("{app}-1");
+    let restarts = || {
+        env.get(
+            ns,
+            &format!("pod/{pod}"),
+            "{.status.containerStatuses[0].restartCount}",
+        )
+    };
+    ensure!(restarts() == "0", "{pod} restarted before the test");
+    let pid = env.container_pid(ns, &pod)?;
+    let t = Instant::now();
+    // SAFETY: kill(2) with a pid read from containerd; no memory is involved.
+    ensure!(
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) } == 0,
+        "SIGSTOP to {pid}: {}",
+        std::io::Error::last_os_error()
+    );
+    wait_until(WAIT, || {
+        eddy_e2e::operated::all_threads_stopped(pid as i32).or(Ok(true))
+    })?;
+    produce_counts(&input, 2000, 20)?;
+
+    // The kubelet's liveness probe fails, the container is killed (SIGTERM waits for the
+    // grace period: a stopped process does not act on it; then SIGKILL) and started again in
+    // the same pod, on the same volume.
+    wait_until(WAIT, || Ok(restarts().parse::<u32>().is_ok_and(|n| n >= 1)))
+        .with_context(|| format!("{pod} was not restarted\n{}", env.diagnostics(ns)))?;
+    node::note(&format!(
+        "{pod} frozen, restarted by its liveness probe after {:.1} s",
+        node::since(t)
+    ));
+    let events = env.kubectl(
+        &[
+            "-n",
+            ns,
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={pod},reason=Unhealthy"),
+            "-o",
+            "jsonpath={.items[*].message}",
+        ],
+        None,
+    )?;
+    ensure!(
+        events.contains("Liveness probe failed"),
+        "{pod}'s Unhealthy events: {events}"
+    );
+    ensure!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the frozen process {pid} still exists"
+    );
+    wait_until(WAIT, || counted_exactly(&output, 20, 200)).with_context(|| env.diagnostics(ns))?;
+    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
+    node::note(&format!(
+        "counts exact and the app Running {:.1} s after the SIGSTOP",
+        node::since(t)
+    ));
+    check_worker_pod(env, ns, &app, 1).with_context(|| env.diagnostics(ns))?;
+    ensure!(restarts() == "1", "{pod} restarted {} times", restarts());
+    Ok(())
+}
