@@ -366,3 +366,74 @@ fn a_frozen_worker_is_restarted_by_its_liveness_probe_and_the_counts_stay_exact(
     ensure!(restarts() == "1", "{pod} restarted {} times", restarts());
     Ok(())
 }
+
+#[test]
+fn evictions_respect_the_pod_disruption_budget_and_the_counts_stay_exact() -> Result<()> {
+    let env = node::shared()?;
+    let space = Namespace::new(env)?;
+    let ns = space.name.as_str();
+    let app = unique("evict");
+    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
+    produce_counts(&input, 2000, 20)?;
+    env.local_volumes(ns, &app, 2)?;
+    env.apply(
+        ns,
+        &app_yaml(&app, 2, &env.bs, &input, &output, EXACTLY_ONCE),
+    )?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
+    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
+
+    // The app's PodDisruptionBudget (maxUnavailable 1), as the disruption controller counts
+    // it: one of the two pods may go.
+    let allowed = || env.get(ns, &format!("pdb/{app}"), "{.status.disruptionsAllowed}");
+    wait_until(WAIT, || Ok(allowed() == "1"))
+        .with_context(|| format!("disruptionsAllowed {}", allowed()))?;
+    // What `kubectl drain` does: the eviction API.
+    let evict = |pod: &str| {
+        env.kubectl(
+            &[
+                "create",
+                "--raw",
+                &format!("/api/v1/namespaces/{ns}/pods/{pod}/eviction"),
+                "-f",
+                "-",
+            ],
+            Some(&format!(
+                r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{pod}","namespace":"{ns}"}}}}"#
+            )),
+        )
+    };
+    let (first, second) = (format!("{app}-0"), format!("{app}-1"));
+    let uid = |pod: &str| env.get(ns, &format!("pod/{pod}"), "{.metadata.uid}");
+    let before = uid(&first);
+    evict(&first).context("the first eviction was refused")?;
+    // The other pod may not go while the first is away.
+    let refused = evict(&second).err().map(|e| format!("{e:#}"));
+    ensure!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("disruption budget")),
+        "the second eviction, with {first} away: {refused:?}"
+    );
+    produce_counts(&input, 2000, 20)?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 200)).with_context(|| env.diagnostics(ns))?;
+    wait_until(WAIT, || {
+        let now = uid(&first);
+        Ok(!now.is_empty() && now != before && running(env, ns, &app, 2))
+    })
+    .with_context(|| env.diagnostics(ns))?;
+
+    // With both back, the budget lets the other one go.
+    wait_until(WAIT, || Ok(allowed() == "1"))
+        .with_context(|| format!("disruptionsAllowed {}", allowed()))?;
+    let before = uid(&second);
+    evict(&second).context("the eviction with both pods back was refused")?;
+    produce_counts(&input, 2000, 20)?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 300)).with_context(|| env.diagnostics(ns))?;
+    wait_until(WAIT, || {
+        let now = uid(&second);
+        Ok(!now.is_empty() && now != before && running(env, ns, &app, 2))
+    })
+    .with_context(|| env.diagnostics(ns))?;
+    Ok(())
+}
