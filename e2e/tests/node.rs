@@ -5,8 +5,9 @@
 //! operator tests cannot show: the images start as pods; the worker's `securityContext` is in
 //! force (checked from the host, on the container's process); its state volume is a local
 //! PersistentVolume bound through the scheduler and owned through `fsGroup`; a deleted pod
-//! comes back on its volume with the counts exact. One node, broker and chart serve the
-//! binary's tests; each works in a namespace of its own. Root only.
+//! comes back on its volume, a frozen worker is restarted by its liveness probe, evictions
+//! are held to the PodDisruptionBudget, with the counts exact. One node, broker and chart
+//! serve the binary's tests; each works in a namespace of its own. Root only.
 //!
 //! Alone: `CARGO_TARGET_DIR=~/.cache/eddy/target cargo test --release -p eddy-e2e --test node`.
 
