@@ -6,7 +6,8 @@
 //! force (checked from the host, on the container's process); its state volume is a local
 //! PersistentVolume bound through the scheduler and owned through `fsGroup`; a deleted pod
 //! comes back on its volume, a frozen worker is restarted by its liveness probe, evictions
-//! are held to the PodDisruptionBudget, with the counts exact. One node, broker and chart
+//! are held to the PodDisruptionBudget, a scale out and in keeps the state volumes, with the
+//! counts exact. One node, broker and chart
 //! serve the binary's tests; each works in a namespace of its own. Root only.
 //!
 //! Alone: `CARGO_TARGET_DIR=~/.cache/eddy/target cargo test --release -p eddy-e2e --test node`.
@@ -436,5 +437,74 @@ fn evictions_respect_the_pod_disruption_budget_and_the_counts_stay_exact() -> Re
         Ok(!now.is_empty() && now != before && running(env, ns, &app, 2))
     })
     .with_context(|| env.diagnostics(ns))?;
+    Ok(())
+}
+
+#[test]
+fn scaling_out_and_in_keeps_the_state_volumes_and_the_counts_exact() -> Result<()> {
+    let env = node::shared()?;
+    let space = Namespace::new(env)?;
+    let ns = space.name.as_str();
+    let app = unique("scale");
+    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
+    produce_counts(&input, 2000, 20)?;
+    env.local_volumes(ns, &app, 3)?;
+    env.apply(
+        ns,
+        &app_yaml(&app, 2, &env.bs, &input, &output, EXACTLY_ONCE),
+    )?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
+    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
+    let scale = |n: usize| {
+        env.kubectl(
+            &["-n", ns, "scale", "ssapp", &app, &format!("--replicas={n}")],
+            None,
+        )
+    };
+    let third = format!("{app}-2");
+    let claim = format!("pvc/state-{third}");
+
+    // Out to 3: the new pod gets its local volume through the scheduler, and tasks.
+    let t = Instant::now();
+    scale(3)?;
+    wait_until(WAIT, || Ok(running(env, ns, &app, 3))).with_context(|| env.diagnostics(ns))?;
+    produce_counts(&input, 2000, 20)?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 200)).with_context(|| env.diagnostics(ns))?;
+    node::note(&format!(
+        "scaled out to 3, counts exact, in {:.1} s",
+        node::since(t)
+    ));
+    check_worker_pod(env, ns, &app, 2).with_context(|| env.diagnostics(ns))?;
+    let volume = env.get(ns, &claim, "{.spec.volumeName}");
+
+    // In to 2: the pod goes, its claim and volume stay (whenScaled: Retain).
+    scale(2)?;
+    wait_until(WAIT, || {
+        Ok(running(env, ns, &app, 2)
+            && env
+                .get(ns, &format!("pod/{third}"), "{.metadata.name}")
+                .is_empty())
+    })
+    .with_context(|| env.diagnostics(ns))?;
+    let kept = env.get(ns, &claim, "{.status.phase} {.spec.volumeName}");
+    ensure!(
+        kept == format!("Bound {volume}"),
+        "{claim} after the scale-in: {kept}"
+    );
+    ensure!(
+        std::fs::read_dir(env.volume_dir(&volume))?.next().is_some(),
+        "{volume} is empty after the scale-in"
+    );
+    produce_counts(&input, 2000, 20)?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 300)).with_context(|| env.diagnostics(ns))?;
+
+    // Out again: the pod comes back on the same claim and volume.
+    scale(3)?;
+    wait_until(WAIT, || Ok(running(env, ns, &app, 3))).with_context(|| env.diagnostics(ns))?;
+    let again = env.get(ns, &claim, "{.spec.volumeName}");
+    ensure!(again == volume, "{claim} moved from {volume} to {again}");
+    check_worker_pod(env, ns, &app, 2).with_context(|| env.diagnostics(ns))?;
+    produce_counts(&input, 2000, 20)?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 400)).with_context(|| env.diagnostics(ns))?;
     Ok(())
 }
