@@ -46,7 +46,11 @@ trap '"$root/e2e/kafka/kafka.sh" stop --name test >/dev/null 2>&1 || true' EXIT
 export EDDY_TEST_BOOTSTRAP=$bootstrap
 echo "kafka at $bootstrap" >&2
 
-step "cargo test"
+# Among the test binaries, e2e/tests/node.rs is the real-node tier: as root it starts its own
+# control plane with a real node (kubelet, containerd, CNI, kube-proxy: e2e/k8s/node.sh), a
+# broker on the node's bridge, loads the images and installs the chart; it stops all of it
+# and restores the host when it ends.
+step "cargo test (unit, end-to-end, and the real-node tier e2e/tests/node.rs)"
 log=$(mktemp)
 status=0
 cargo test --release --workspace --no-fail-fast -- --test-threads="${EDDY_TEST_THREADS:-2}" 2>&1 | tee "$log" || status=$?

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Local Apache Kafka (KRaft, combined broker+controller nodes) for eddy's end-to-end tests.
 #
-#   kafka.sh start [--brokers N] [--name NAME] [--sasl] [--tls]
+#   kafka.sh start [--brokers N] [--name NAME] [--sasl] [--tls] [--host ADDR]
 #                                                start (or reuse) a cluster; prints its bootstrap address last
 #   kafka.sh info [--name NAME]                  print its listeners and test credentials (KEY=VALUE lines)
 #   kafka.sh stop [--name NAME]                  stop it and remove its run dir (idempotent)
@@ -40,7 +40,7 @@ die() {
 
 usage() {
   cat >&2 <<EOF
-usage: kafka.sh start [--brokers N] [--name NAME] [--sasl] [--tls]
+usage: kafka.sh start [--brokers N] [--name NAME] [--sasl] [--tls] [--host ADDR]
        kafka.sh info [--name NAME]
        kafka.sh stop [--name NAME]
        kafka.sh bootstrap [--name NAME]
@@ -54,7 +54,9 @@ NAME defaults to 'default', N to 1 (max $MAX_BROKERS).
 random password), --tls an SSL listener that requires a client certificate (a CA, broker and
 client certificates made with openssl and keytool, cached in \$EDDY_CACHE/kafka/tls), both
 also a SASL_SSL listener. PLAINTEXT stays the first listener and the printed address; 'info'
-prints the others, the credentials and the PEM files.
+prints the others, the credentials and the PEM files. --host ADDR: the clients' listeners listen
+on and advertise ADDR, an IPv4 address of this machine (e.g. a bridge that pods reach), instead
+of 127.0.0.1; the controllers stay on 127.0.0.1 (not with --tls: its certificate names 127.0.0.1).
 
 tool aliases:
 $(tool_aliases | awk '{printf "  %-24s %s\n", $1, $2}')
@@ -198,6 +200,8 @@ BROKERS=1
 RUN_DIR=
 SASL=0
 TLS=0
+# Address of the clients' listeners (--host): what brokers listen on and advertise.
+HOST=127.0.0.1
 
 parse_opts() { # parse_opts ALLOW_BROKERS args...
   local allow_brokers="$1"
@@ -216,6 +220,12 @@ parse_opts() { # parse_opts ALLOW_BROKERS args...
       [[ $allow_brokers == 1 ]] || die "$1 only applies to 'start'"
       if [[ $1 == --sasl ]]; then SASL=1; else TLS=1; fi
       shift ;;
+    --host)
+      [[ $allow_brokers == 1 ]] || die "$1 only applies to 'start'"
+      [[ $# -ge 2 ]] || die "$1 needs a value"; HOST="$2"; shift 2 ;;
+    --host=*)
+      [[ $allow_brokers == 1 ]] || die "--host only applies to 'start'"
+      HOST="${1#--host=}"; shift ;;
     -h | --help) usage; exit 0 ;;
     *) die "unexpected argument '$1' (see 'kafka.sh help')" ;;
     esac
@@ -225,6 +235,19 @@ parse_opts() { # parse_opts ALLOW_BROKERS args...
     die "--brokers must be 1..$MAX_BROKERS, got '$BROKERS'"
   fi
   RUN_DIR="$RUN_ROOT/kafka-$NAME"
+  if [[ $HOST != 127.0.0.1 ]]; then
+    [[ $HOST =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--host takes an IPv4 address, not '$HOST' (no names: nothing resolves through DNS)"
+    ((TLS == 0)) || die "--tls is for 127.0.0.1 only (the test certificate names 127.0.0.1 and localhost)"
+  fi
+}
+
+security_line() { # what the listeners are, as the run dir's 'security' file says (as before --host, on 127.0.0.1)
+  if [[ $HOST == 127.0.0.1 ]]; then echo "sasl=$SASL tls=$TLS"; else echo "sasl=$SASL tls=$TLS host=$HOST"; fi
+}
+
+host_is_local() { # HOST is an address of one of this machine's interfaces
+  [[ $HOST == 127.0.0.1 ]] && return 0
+  ip -o -4 addr show 2>/dev/null | awk '{ print $4 }' | cut -d/ -f1 | grep -qxF "$HOST"
 }
 
 # Is PID alive and the Kafka node whose node dir is DIR? (guards against recycled pids)
@@ -397,11 +420,11 @@ write_node_config() { # write_node_config ID BROKER_PORT CONTROLLER_PORT VOTERS 
   local id="$1" bport="$2" cport="$3" voters="$4" dir="$RUN_DIR/node-$1"
   shift 4
   local rf=$((BROKERS < 3 ? BROKERS : 3)) min_isr=$((BROKERS >= 3 ? 2 : 1))
-  local listeners="PLAINTEXT://127.0.0.1:$bport,CONTROLLER://127.0.0.1:$cport"
-  local advertised="PLAINTEXT://127.0.0.1:$bport" map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT" l
+  local listeners="PLAINTEXT://$HOST:$bport,CONTROLLER://127.0.0.1:$cport"
+  local advertised="PLAINTEXT://$HOST:$bport" map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT" l
   for l in $(secure_listeners); do
-    listeners+=",$l://127.0.0.1:$1"
-    advertised+=",$l://127.0.0.1:$1"
+    listeners+=",$l://$HOST:$1"
+    advertised+=",$l://$HOST:$1"
     map+=",$l:$l"
     shift
   done
@@ -491,7 +514,7 @@ trap 'exit 143' TERM
 
 bootstrap_of() { # bootstrap_of BROKER_PORT...
   local p list=''
-  for p in "$@"; do list+="${list:+,}127.0.0.1:$p"; done
+  for p in "$@"; do list+="${list:+,}$HOST:$p"; done
   echo "$list"
 }
 
@@ -520,7 +543,7 @@ write_info() { # write_info BROKER_PORT... SECURE_PORTS_OF_NODE...   (BROKERS of
       list=''
       for ((i = 0; i < BROKERS; i++)); do
         read -r -a ports <<<"${xp[$i]}"
-        list+="${list:+,}127.0.0.1:${ports[$k]}"
+        list+="${list:+,}$HOST:${ports[$k]}"
       done
       echo "$(tr 'A-Z' 'a-z' <<<"$l")=$list"
       k=$((k + 1))
@@ -536,7 +559,7 @@ write_info() { # write_info BROKER_PORT... SECURE_PORTS_OF_NODE...   (BROKERS of
       echo "client_key_file=$TLS_DIR/client.key"
     fi
   ) >"$RUN_DIR/info"
-  echo "sasl=$SASL tls=$TLS" >"$RUN_DIR/security"
+  security_line >"$RUN_DIR/security"
 }
 
 # One attempt: ports, configs, format, launch, wait. Returns 2 if a port was taken meanwhile.
@@ -654,6 +677,7 @@ start_attempt() {
 cmd_start() {
   parse_opts 1 "$@"
   require_java
+  host_is_local || die "--host $HOST is no address of this machine's interfaces (ip -4 addr)"
   mkdir -p "$RUN_ROOT"
   lock 9 "$RUN_ROOT/kafka-$NAME.lock"
 
@@ -662,7 +686,7 @@ cmd_start() {
     have="$(cat "$RUN_DIR/nodes")"
     [[ $have == "$BROKERS" ]] ||
       log "warning: cluster '$NAME' is already running with $have node(s), not $BROKERS; 'kafka.sh stop --name $NAME' first to change that"
-    [[ "$(cat "$RUN_DIR/security" 2>/dev/null || echo 'sasl=0 tls=0')" == "sasl=$SASL tls=$TLS" ]] ||
+    [[ "$(cat "$RUN_DIR/security" 2>/dev/null || echo 'sasl=0 tls=0')" == "$(security_line)" ]] ||
       log "warning: cluster '$NAME' is already running with other listeners ($(cat "$RUN_DIR/security" 2>/dev/null || echo 'sasl=0 tls=0')); 'kafka.sh stop --name $NAME' first to change that"
     cat "$RUN_DIR/bootstrap"
     return 0

@@ -23,10 +23,17 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub fn start(name: &str) -> Result<Self> {
+        Self::start_with(name, &[])
+    }
+
+    /// [`Self::start`] with more `cluster.sh start` options, e.g. `--node` (a control plane
+    /// for a real node: `e2e/k8s/node.sh`).
+    pub fn start_with(name: &str, options: &[&str]) -> Result<Self> {
         let script = repo_root().join("e2e/k8s/cluster.sh");
         let out = Command::new("bash")
             .arg(&script)
             .args(["start", "--name", name])
+            .args(options)
             .stderr(Stdio::inherit())
             .output()?;
         ensure!(out.status.success(), "e2e/k8s/cluster.sh start failed");

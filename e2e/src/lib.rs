@@ -6,6 +6,8 @@ pub mod chart;
 
 pub mod k8s;
 
+pub mod node;
+
 pub mod operated;
 
 pub mod prometheus;
@@ -103,6 +105,13 @@ fn start_cluster(
 /// every harness function then talks to it. Stopped when the guard drops.
 pub fn own_cluster(brokers: usize, name: &str) -> Result<ClusterGuard> {
     own_cluster_with(brokers, name, &[])
+}
+
+/// A one-broker cluster of its own whose clients' listener is on `host` (an address of this
+/// machine, e.g. a real node's bridge, which pods reach) instead of 127.0.0.1; every harness
+/// function then talks to it.
+pub fn own_cluster_on(name: &str, host: &str) -> Result<ClusterGuard> {
+    own_cluster_with(1, name, &["--host", host])
 }
 
 fn own_cluster_with(brokers: usize, name: &str, options: &[&str]) -> Result<ClusterGuard> {

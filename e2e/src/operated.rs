@@ -90,7 +90,7 @@ extern "C" fn teardown() {
 
 /// SIGINT, SIGTERM or SIGHUP ends the process through `exit`, so that [`teardown`] runs:
 /// killed outright, it would leave the control plane, the operators and the pods running.
-fn exit_on_signals() {
+pub(crate) fn exit_on_signals() {
     use tokio::signal::unix::{SignalKind, signal};
     std::thread::spawn(|| {
         let wait = async {
