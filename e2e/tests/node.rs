@@ -182,6 +182,40 @@ fn check_worker_pod(env: &RealNode, ns: &str, app: &str, i: usize) -> Result<()>
     Ok(())
 }
 
+/// An exactly-once counting app `<prefix>-…` of two workers with `volumes` local volumes
+/// made for it (`extra`: more spec lines), in a namespace of its own, 2000 records over 20
+/// keys counted exactly and both workers running.
+struct Counting<'a> {
+    space: Namespace<'a>,
+    app: String,
+    input: String,
+    output: String,
+}
+
+fn counting<'a>(
+    env: &'a RealNode,
+    prefix: &str,
+    volumes: usize,
+    extra: &str,
+) -> Result<Counting<'a>> {
+    let space = Namespace::new(env)?;
+    let ns = space.name.as_str();
+    let app = unique(prefix);
+    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
+    produce_counts(&input, 2000, 20)?;
+    env.local_volumes(ns, &app, volumes)?;
+    let extra = format!("{EXACTLY_ONCE}{extra}");
+    env.apply(ns, &app_yaml(&app, 2, &env.bs, &input, &output, &extra))?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
+    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
+    Ok(Counting {
+        space,
+        app,
+        input,
+        output,
+    })
+}
+
 #[test]
 fn the_chart_runs_an_app_on_real_pods_hardened_with_its_state_on_local_volumes() -> Result<()> {
     let env = node::shared()?;
@@ -226,16 +260,13 @@ fn the_chart_runs_an_app_on_real_pods_hardened_with_its_state_on_local_volumes()
 #[test]
 fn a_deleted_worker_pod_comes_back_on_its_volume_and_the_counts_stay_exact() -> Result<()> {
     let env = node::shared()?;
-    let space = Namespace::new(env)?;
+    let Counting {
+        space,
+        app,
+        input,
+        output,
+    } = counting(env, "back", 2, "  numStandbyReplicas: 1\n")?;
     let ns = space.name.as_str();
-    let app = unique("back");
-    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
-    produce_counts(&input, 2000, 20)?;
-    env.local_volumes(ns, &app, 2)?;
-    let extra = format!("{EXACTLY_ONCE}  numStandbyReplicas: 1\n");
-    env.apply(ns, &app_yaml(&app, 2, &env.bs, &input, &output, &extra))?;
-    wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
-    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
 
     let pod = format!("{app}-0");
     let uid = |env: &RealNode| env.get(ns, &format!("pod/{pod}"), "{.metadata.uid}");
@@ -291,18 +322,13 @@ fn a_deleted_worker_pod_comes_back_on_its_volume_and_the_counts_stay_exact() -> 
 #[test]
 fn a_frozen_worker_is_restarted_by_its_liveness_probe_and_the_counts_stay_exact() -> Result<()> {
     let env = node::shared()?;
-    let space = Namespace::new(env)?;
+    let Counting {
+        space,
+        app,
+        input,
+        output,
+    } = counting(env, "frozen", 2, "")?;
     let ns = space.name.as_str();
-    let app = unique("frozen");
-    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
-    produce_counts(&input, 2000, 20)?;
-    env.local_volumes(ns, &app, 2)?;
-    env.apply(
-        ns,
-        &app_yaml(&app, 2, &env.bs, &input, &output, EXACTLY_ONCE),
-    )?;
-    wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
-    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
 
     // SIGSTOP to the worker's process (the container's pid 1, seen from the host): it
     // answers nothing, not even its liveness probe.
@@ -372,18 +398,13 @@ fn a_frozen_worker_is_restarted_by_its_liveness_probe_and_the_counts_stay_exact(
 #[test]
 fn evictions_respect_the_pod_disruption_budget_and_the_counts_stay_exact() -> Result<()> {
     let env = node::shared()?;
-    let space = Namespace::new(env)?;
+    let Counting {
+        space,
+        app,
+        input,
+        output,
+    } = counting(env, "evict", 2, "")?;
     let ns = space.name.as_str();
-    let app = unique("evict");
-    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
-    produce_counts(&input, 2000, 20)?;
-    env.local_volumes(ns, &app, 2)?;
-    env.apply(
-        ns,
-        &app_yaml(&app, 2, &env.bs, &input, &output, EXACTLY_ONCE),
-    )?;
-    wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
-    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
 
     // The app's PodDisruptionBudget (maxUnavailable 1), as the disruption controller counts
     // it: one of the two pods may go.
@@ -443,18 +464,13 @@ fn evictions_respect_the_pod_disruption_budget_and_the_counts_stay_exact() -> Re
 #[test]
 fn scaling_out_and_in_keeps_the_state_volumes_and_the_counts_exact() -> Result<()> {
     let env = node::shared()?;
-    let space = Namespace::new(env)?;
+    let Counting {
+        space,
+        app,
+        input,
+        output,
+    } = counting(env, "scale", 3, "")?;
     let ns = space.name.as_str();
-    let app = unique("scale");
-    let (input, output) = (space.topic("node-in", 4)?, space.topic("node-out", 2)?);
-    produce_counts(&input, 2000, 20)?;
-    env.local_volumes(ns, &app, 3)?;
-    env.apply(
-        ns,
-        &app_yaml(&app, 2, &env.bs, &input, &output, EXACTLY_ONCE),
-    )?;
-    wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
-    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
     let scale = |n: usize| {
         env.kubectl(
             &["-n", ns, "scale", "ssapp", &app, &format!("--replicas={n}")],
