@@ -297,6 +297,45 @@ pub fn delete_records(topic: &str, partition: i32, offset: i64) -> Result<()> {
 /// A record to produce: optional key and value bytes.
 pub type Input = (Option<Vec<u8>>, Option<Vec<u8>>);
 
+/// A StatefulStreamApp of `replicas` workers counting `input`'s records by key into `output`
+/// (i64 values), committing every 200 ms; `extra`: more spec lines, indented by two.
+pub fn counting_app_yaml(
+    name: &str,
+    replicas: i32,
+    bs: &str,
+    input: &str,
+    output: &str,
+    extra: &str,
+) -> String {
+    format!(
+        r#"apiVersion: eddy.dev/v1alpha1
+kind: StatefulStreamApp
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  kafka: {{bootstrapServers: "{bs}"}}
+  commitIntervalMs: 200
+{extra}  topology:
+    - from: {{topic: {input}}}
+    - count: {{store: counts}}
+    - to: {{topic: {output}, value: i64}}
+"#
+    )
+}
+
+/// `n` records over `keys` keys (`k0`, `k1`, ...) into `topic`.
+pub fn produce_counts(topic: &str, n: usize, keys: usize) -> Result<()> {
+    let records: Vec<Input> = (0..n)
+        .map(|i| {
+            (
+                Some(format!("k{}", i % keys).into_bytes()),
+                Some(b"{}".to_vec()),
+            )
+        })
+        .collect();
+    produce(topic, &records)
+}
+
 /// Produce records, each to the partition Kafka's Java client would pick for its key.
 pub fn produce(topic: &str, records: &[Input]) -> Result<()> {
     produce_with(topic, records, &[])

@@ -20,36 +20,6 @@ use std::time::Instant;
 
 const EXACTLY_ONCE: &str = "  cleanupPolicy: Delete\n  processingGuarantee: exactly_once\n";
 
-fn app_yaml(name: &str, replicas: i32, bs: &str, input: &str, output: &str, extra: &str) -> String {
-    format!(
-        r#"apiVersion: eddy.dev/v1alpha1
-kind: StatefulStreamApp
-metadata: {{name: {name}}}
-spec:
-  replicas: {replicas}
-  kafka: {{bootstrapServers: "{bs}"}}
-  commitIntervalMs: 200
-{extra}  topology:
-    - from: {{topic: {input}}}
-    - count: {{store: counts}}
-    - to: {{topic: {output}, value: i64}}
-"#
-    )
-}
-
-/// `n` records over `keys` keys (`k0`, `k1`, ...) into `topic`.
-fn produce_counts(topic: &str, n: usize, keys: usize) -> Result<()> {
-    let records: Vec<Input> = (0..n)
-        .map(|i| {
-            (
-                Some(format!("k{}", i % keys).into_bytes()),
-                Some(b"{}".to_vec()),
-            )
-        })
-        .collect();
-    produce(topic, &records)
-}
-
 /// Each of `keys` keys counted to `each` in the committed output, its counts rising from one
 /// record to the next: a record counted twice or a count gone back would show.
 fn counted_exactly(output: &str, keys: usize, each: i64) -> Result<bool> {
@@ -205,7 +175,10 @@ fn counting<'a>(
     produce_counts(&input, 2000, 20)?;
     env.local_volumes(ns, &app, volumes)?;
     let extra = format!("{EXACTLY_ONCE}{extra}");
-    env.apply(ns, &app_yaml(&app, 2, &env.bs, &input, &output, &extra))?;
+    env.apply(
+        ns,
+        &counting_app_yaml(&app, 2, &env.bs, &input, &output, &extra),
+    )?;
     wait_until(WAIT, || counted_exactly(&output, 20, 100)).with_context(|| env.diagnostics(ns))?;
     wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
     Ok(Counting {
@@ -229,7 +202,7 @@ fn the_chart_runs_an_app_on_real_pods_hardened_with_its_state_on_local_volumes()
     let t = Instant::now();
     env.apply(
         ns,
-        &app_yaml(&app, 2, &env.bs, &input, &output, EXACTLY_ONCE),
+        &counting_app_yaml(&app, 2, &env.bs, &input, &output, EXACTLY_ONCE),
     )?;
     wait_until(WAIT, || counted_exactly(&output, 40, 100)).with_context(|| env.diagnostics(ns))?;
     node::note(&format!(

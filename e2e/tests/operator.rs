@@ -67,36 +67,6 @@ fn env() -> Result<&'static Operated> {
     })
 }
 
-fn app_yaml(name: &str, replicas: i32, bs: &str, input: &str, output: &str, extra: &str) -> String {
-    format!(
-        r#"apiVersion: eddy.dev/v1alpha1
-kind: StatefulStreamApp
-metadata: {{name: {name}}}
-spec:
-  replicas: {replicas}
-  kafka: {{bootstrapServers: "{bs}"}}
-  commitIntervalMs: 200
-{extra}  topology:
-    - from: {{topic: {input}}}
-    - count: {{store: counts}}
-    - to: {{topic: {output}, value: i64}}
-"#
-    )
-}
-
-/// `n` records over `keys` keys (`k0`, `k1`, ...) into `topic`.
-fn produce_counts(topic: &str, n: usize, keys: usize) -> Result<()> {
-    let records: Vec<Input> = (0..n)
-        .map(|i| {
-            (
-                Some(format!("k{}", i % keys).into_bytes()),
-                Some(b"{}".to_vec()),
-            )
-        })
-        .collect();
-    produce(topic, &records)
-}
-
 /// `output` holds the count `each` for each of `keys` keys.
 fn counted(output: &str, keys: usize, each: i64) -> Result<bool> {
     let last = latest_by_key(output)?;
@@ -116,7 +86,7 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
 
     // Exactly-once: the scale-out below moves tasks between workers, which under
     // exactly-once goes through the hand-off (the new owner waits for the old one to let go).
-    let yaml = app_yaml(
+    let yaml = counting_app_yaml(
         &app,
         2,
         bs,
@@ -373,7 +343,7 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
     );
 
     // Nonsense is rejected at admission with what to fix; a missing topic is Degraded.
-    let bad = app_yaml(
+    let bad = counting_app_yaml(
         "bad-timeout",
         2,
         bs,
@@ -389,7 +359,7 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
             .contains("transactionTimeoutMs must be between 1000 and 900000"),
         "{err}"
     );
-    let missing = app_yaml("missing-topic", 1, bs, "no-such-topic", &output, "");
+    let missing = counting_app_yaml("missing-topic", 1, bs, "no-such-topic", &output, "");
     env.apply(ns, &missing)?;
     env.wait_degraded(ns, "missing-topic", "SourceTopicMissing")?;
     let missing_metric = |name: &str, extra: &str| -> Result<f64> {
@@ -468,7 +438,10 @@ fn a_malformed_app_marks_only_itself_and_stays_deletable() -> Result<()> {
     );
 
     // Another app, created and scaled while the malformed one exists, is reconciled.
-    env.apply(good_ns, &app_yaml("good", 0, &env.bs, &input, &output, ""))?;
+    env.apply(
+        good_ns,
+        &counting_app_yaml("good", 0, &env.bs, &input, &output, ""),
+    )?;
     wait_until(WAIT, || {
         Ok(env.get(good_ns, "statefulset/good", "{.spec.replicas}") == "0")
     })
@@ -510,7 +483,7 @@ fn objects_the_operator_did_not_create_are_left_alone() -> Result<()> {
     let ns = space.name.as_str();
     let input = space.topic("clash-in", 1)?;
     // No workers (0 replicas): this is about objects.
-    let app = |extra: &str| app_yaml("clash", 0, &env.bs, &input, "clash-out", extra);
+    let app = |extra: &str| counting_app_yaml("clash", 0, &env.bs, &input, "clash-out", extra);
 
     env.kubectl(
         &[
@@ -600,7 +573,10 @@ fn a_pod_template_adds_env_and_a_sidecar_to_the_worker() -> Result<()> {
     let (input, output) = (space.topic("tmpl-in", 2)?, space.topic("tmpl-out", 1)?);
     produce_counts(&input, 200, 10)?;
     let extra = "  podTemplate:\n    spec:\n      containers:\n        - {name: worker, env: [{name: TEAM, value: blue}]}\n        - {name: proxy, image: envoyproxy/envoy, args: [--version]}\n";
-    env.apply(ns, &app_yaml("tmpl", 1, &env.bs, &input, &output, extra))?;
+    env.apply(
+        ns,
+        &counting_app_yaml("tmpl", 1, &env.bs, &input, &output, extra),
+    )?;
     // The worker still runs (the pod runner runs the first container) and counts right.
     wait_until(WAIT, || counted(&output, 10, 20)).with_context(|| env.logs())?;
     let containers = env.get(ns, "pod/tmpl-0", "{.spec.containers[*].name}");
@@ -684,7 +660,10 @@ fn a_restricted_namespace_admits_the_workers_and_the_operator() -> Result<()> {
         space.topic("restricted-out", 1)?,
     );
     produce_counts(&input, 200, 10)?;
-    env.apply(ns, &app_yaml("locked", 1, &env.bs, &input, &output, ""))?;
+    env.apply(
+        ns,
+        &counting_app_yaml("locked", 1, &env.bs, &input, &output, ""),
+    )?;
     wait_until(WAIT, || counted(&output, 10, 20)).with_context(|| {
         format!(
             "{}\n{}",
@@ -711,7 +690,7 @@ fn apps_of_one_name_in_two_namespaces_run_on_their_own_topics() -> Result<()> {
     for (space, output) in spaces.iter().zip(&outputs) {
         env.apply(
             &space.name,
-            &app_yaml(
+            &counting_app_yaml(
                 "twin",
                 1,
                 &env.bs,
@@ -757,13 +736,13 @@ fn an_application_id_used_twice_is_refused_for_the_newer_app() -> Result<()> {
     let extra = format!("  applicationId: {id}\n  cleanupPolicy: Delete\n");
     env.apply(
         first_ns,
-        &app_yaml("first", 1, &env.bs, &input, &outputs[0], &extra),
+        &counting_app_yaml("first", 1, &env.bs, &input, &outputs[0], &extra),
     )?;
     wait_until(WAIT, || counted(&outputs[0], 10, 10)).with_context(|| env.logs())?;
 
     env.apply(
         second_ns,
-        &app_yaml("second", 1, &env.bs, &input, &outputs[1], &extra),
+        &counting_app_yaml("second", 1, &env.bs, &input, &outputs[1], &extra),
     )?;
     let message = env.wait_degraded(second_ns, "second", "ApplicationIdConflict")?;
     ensure!(
@@ -897,7 +876,10 @@ fn creating_scaling_and_rolling_out_an_app_are_normal_events() -> Result<()> {
     let app = unique("life");
     let (input, output) = (space.topic("life-in", 2)?, space.topic("life-out", 1)?);
     produce_counts(&input, 100, 10)?;
-    env.apply(ns, &app_yaml(&app, 1, &env.bs, &input, &output, ""))?;
+    env.apply(
+        ns,
+        &counting_app_yaml(&app, 1, &env.bs, &input, &output, ""),
+    )?;
     let events = |reason: &str| -> Result<Vec<String>> {
         let list: serde_json::Value =
             serde_json::from_str(&env.kubectl(&["-n", ns, "get", "events", "-o", "json"], None)?)?;
@@ -1133,7 +1115,7 @@ fn a_forged_status_scales_nothing_and_a_worker_writes_only_its_own_report() -> R
     let exactly_once = "  processingGuarantee: exactly_once\n";
     env.apply(
         ns,
-        &app_yaml(app, 1, &env.bs, &input, &output, exactly_once),
+        &counting_app_yaml(app, 1, &env.bs, &input, &output, exactly_once),
     )?;
     wait_until(WAIT, || counted(&output, 10, 20)).with_context(|| env.logs())?;
     let incarnation = |pod: &str| {
@@ -1231,7 +1213,10 @@ fn a_forged_status_scales_nothing_and_a_worker_writes_only_its_own_report() -> R
         env.logs()
     );
     let (input2, output2) = (space.topic("fs2-in", 1)?, space.topic("fs2-out", 1)?);
-    env.apply(ns, &app_yaml("fs-later", 1, &env.bs, &input2, &output2, ""))?;
+    env.apply(
+        ns,
+        &counting_app_yaml("fs-later", 1, &env.bs, &input2, &output2, ""),
+    )?;
     produce_counts(&input2, 30, 3)?;
     wait_until(WAIT, || counted(&output2, 3, 10)).with_context(|| env.logs())?;
     // The frozen worker is back and counts on, exactly.
