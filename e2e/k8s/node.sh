@@ -92,28 +92,9 @@ need_cmd_pkg() { # PACKAGE: install it with apt-get
 
 # ---------------------------------------------------------------------------- processes
 
-proc_alive() { # PID DIR: alive and started with DIR in its command line
-  local pid="$1" dir="$2" args
-  [[ $pid =~ ^[0-9]+$ ]] || return 1
-  kill -0 "$pid" 2>/dev/null || return 1
-  args="$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" || return 1
-  [[ $args == *"$dir/"* ]]
-}
-comp_pid() { cat "$RUN_DIR/$1.pid" 2>/dev/null || true; }
-comp_alive() { proc_alive "$(comp_pid "$1")" "$RUN_DIR"; }
-
-spawn() { # NAME ARGS...
-  local name="$1" pid i
-  shift
-  setsid "$@" </dev/null >>"$RUN_DIR/logs/$name.log" 2>&1 8>&- 9>&- &
-  pid=$!
-  echo "$pid" >"$RUN_DIR/$name.pid"
-  for ((i = 0; i < 100; i++)); do
-    proc_alive "$pid" "$RUN_DIR" && return 0
-    kill -0 "$pid" 2>/dev/null || return 0
-    sleep 0.05
-  done
-}
+# proc_alive PID DIR / comp_pid NAME / comp_alive NAME / spawn NAME ARGS...
+# shellcheck source=../lib/procs.sh
+. "$SCRIPT_DIR/../lib/procs.sh"
 
 stop_comp() { # NAME: TERM, KILL after STOP_TIMEOUT
   local name="$1" pid i
