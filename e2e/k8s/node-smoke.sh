@@ -190,6 +190,8 @@ if [[ $pid =~ ^[0-9]+$ ]]; then
   check "no default route in the pod" test -z "$(nsenter -t "$pid" -n ip route show default)"
   check "the pod's resolv.conf names no server of the machine's" \
     bash -c "! grep -qF -f <(awk '/^nameserver/ { print \$2 }' /etc/resolv.conf) '/proc/$pid/root/etc/resolv.conf'"
+  check "its only nameserver is the cluster DNS (CoreDNS on $EDDY_K8S_NODE_IP)" \
+    test "$(awk '/^nameserver/ { print $2 }' "/proc/$pid/root/etc/resolv.conf")" == "$EDDY_K8S_NODE_IP"
   check "the pod reaches the API server through the kubernetes Service (kube-proxy nftables)" \
     test "$(nsenter -t "$pid" -n curl -sk --max-time 5 https://10.96.0.1/readyz)" == ok
 else

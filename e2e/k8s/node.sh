@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A real Kubernetes node on this machine, on top of a control plane started with
 # `cluster.sh start --node --name NAME`: containerd (Debian's, with runc and the CNI plugins),
-# a locally built pause image, a CNI bridge on the cluster's private node subnet, the kubelet
-# and kube-proxy (nftables mode). Root only. One such node per machine.
+# a locally built pause image, a CNI bridge on the cluster's private node subnet, the kubelet,
+# kube-proxy (nftables mode) and the cluster's DNS (CoreDNS on the node's bridge address,
+# answering cluster.local names only). Root only. One such node per machine.
 #
 #   node.sh start [--name NAME]   start (or reuse) the node; prints the node name last
 #   node.sh stop [--name NAME]    stop it and undo what it did to the host (idempotent)
@@ -26,7 +27,8 @@ PORT_MIN="${EDDY_K8S_PORT_MIN:-20000}"
 PORT_MAX="${EDDY_K8S_PORT_MAX:-32000}"
 CNI_BIN_DIR="${EDDY_CNI_BIN_DIR:-/usr/lib/cni}" # Debian's containernetworking-plugins
 PAUSE_IMAGE="localhost/eddy/pause:1"
-COMPONENTS=(containerd kubelet kube-proxy) # start order; stopped in reverse
+COMPONENTS=(containerd coredns kubelet kube-proxy) # start order; stopped in reverse
+DNS_RBAC=eddy:node-coredns # its ClusterRole and ClusterRoleBinding
 # Host state the kubelet, kube-proxy, containerd or the CNI plugins may change: recorded
 # before `start`, restored by `stop`.
 SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
@@ -346,6 +348,47 @@ extendedKeyUsage=serverAuth
 subjectAltName=IP:$NODE_IP"
   # kube-proxy: the bootstrap ClusterRoleBinding system:node-proxier names this user.
   sign kube-proxy "/CN=system:kube-proxy" "$client"
+  # CoreDNS: a user of its own, allowed to read what names come from (coredns_rbac).
+  sign coredns "/CN=$DNS_RBAC" "$client"
+}
+
+# What CoreDNS's kubernetes plugin reads: Services, their EndpointSlices, namespaces.
+coredns_rbac() {
+  kubectl_admin apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "$DNS_RBAC"}
+rules:
+- apiGroups: [""]
+  resources: [services, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "$DNS_RBAC"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "$DNS_RBAC"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "$DNS_RBAC"}
+EOF
+}
+
+# The cluster's names (Services, StatefulSet pods through their headless Service) on port 53
+# of the node's address; any other name is refused (no `forward`): pods never reach the
+# machine's resolver, and nothing else on the machine uses this one.
+write_coredns_config() { # READY_PORT
+  cat >"$RUN_DIR/Corefile" <<EOF
+cluster.local:53 {
+  bind $NODE_IP
+  errors
+  ready 127.0.0.1:$1
+  kubernetes cluster.local {
+    kubeconfig $RUN_DIR/coredns.kubeconfig
+  }
+}
+EOF
 }
 
 b64() { base64 <"$1" | tr -d '\n'; }
@@ -547,6 +590,7 @@ failSwapOn: false
 # Pods get no resolv.conf of the machine's: nothing resolves names through its DNS.
 resolvConf: ""
 clusterDomain: cluster.local
+clusterDNS: ["$NODE_IP"]
 podLogsDir: $RUN_DIR/pod-logs
 volumePluginDir: $RUN_DIR/volume-plugins
 staticPodPath: ""
@@ -617,23 +661,26 @@ cmd_start() {
     [[ -f $other/host-before ]] &&
       die "another real node runs on this machine: $other (node.sh stop --name ${other##*/node-}; one per machine)"
   done
-  local start=$SECONDS kport khport phport pmport
+  local start=$SECONDS kport khport phport pmport dport
   mkdir -p "$RUN_DIR/logs"
   record_host
   gen_pki
   write_kubeconfig "$RUN_DIR/kubelet.kubeconfig" kubelet-client
   write_kubeconfig "$RUN_DIR/kube-proxy.kubeconfig" kube-proxy
+  write_kubeconfig "$RUN_DIR/coredns.kubeconfig" coredns
+  coredns_rbac || die "could not grant CoreDNS its read access"
   local pause
   pause="$(pause_archive)"
 
   lock 8 "$RUN_ROOT/.ports.lock"
-  pick_ports 4 >"$RUN_DIR/ports"
-  read -r kport khport phport pmport <"$RUN_DIR/ports"
+  pick_ports 5 >"$RUN_DIR/ports"
+  read -r kport khport phport pmport dport <"$RUN_DIR/ports"
   write_containerd_config
+  write_coredns_config "$dport"
   write_kubelet_config "$kport" "$khport"
   write_proxy_config "$phport" "$pmport"
 
-  if ! (start_components "$pause" "$kport" "$khport" "$phport"); then
+  if ! (start_components "$pause" "$kport" "$khport" "$phport" "$dport"); then
     do_stop_keep_logs
     exit 1
   fi
@@ -649,11 +696,15 @@ EOF
 }
 
 start_components() {
-  local pause="$1" kport="$2" khport="$3" phport="$4" t=$SECONDS
+  local pause="$1" kport="$2" khport="$3" phport="$4" dport="$5" t=$SECONDS
   spawn containerd containerd --config "$RUN_DIR/containerd/config.toml" --log-level warn
   wait_for "containerd's socket" containerd ctr --address "$RUN_DIR/containerd/containerd.sock" version
   load_image "$pause"
   log "containerd up, pause image imported ($((SECONDS - t))s)"
+
+  spawn coredns "$NODE_BIN_DIR/coredns" -conf "$RUN_DIR/Corefile"
+  wait_for "CoreDNS ready" coredns curl -fsS --noproxy '*' "http://127.0.0.1:$dport/ready"
+  log "CoreDNS up on $NODE_IP:53 ($((SECONDS - t))s)"
 
   spawn kubelet "$NODE_BIN_DIR/kubelet" \
     --config="$RUN_DIR/kubelet.yaml" \
@@ -701,6 +752,7 @@ do_stop() {
   log "pods drained ($((SECONDS - t))s)"
   stop_comp kube-proxy
   stop_comp kubelet
+  stop_comp coredns
   kill_pods
   stop_comp containerd
   kill_pods
@@ -717,6 +769,7 @@ do_stop() {
   }
   if [[ -n ${KUBECONFIG_ADMIN:-} && -f ${KUBECONFIG_ADMIN:-/nonexistent} ]]; then
     kubectl_admin delete node "$NODE" --wait=false >/dev/null 2>&1 || true
+    kubectl_admin delete clusterrolebinding,clusterrole "$DNS_RBAC" --ignore-not-found >/dev/null 2>&1 || true
   fi
   [[ -z "$(mounts_under "$RUN_DIR")" ]] || die "mounts left under $RUN_DIR; not removing it"
   rm -rf "$RUN_DIR"

@@ -304,6 +304,13 @@ volumeBindingMode: WaitForFirstConsumer
         Ok(())
     }
 
+    /// App `app`'s status as the workers and the operator wrote it.
+    pub fn app_status(&self, ns: &str, app: &str) -> Result<eddy_crds::resource::AppStatus> {
+        let json = self.kubectl(&["-n", ns, "get", "ssapp", app, "-o", "json"], None)?;
+        let v: serde_json::Value = serde_json::from_str(&json).context("the app's JSON")?;
+        Ok(serde_json::from_value(v["status"].clone()).unwrap_or_default())
+    }
+
     fn apply_cluster(&self, yaml: &str) -> Result<()> {
         self.kubectl(&["apply", "-f", "-"], Some(yaml))?;
         Ok(())

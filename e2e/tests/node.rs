@@ -5,10 +5,12 @@
 //! operator tests cannot show: the images start as pods; the worker's `securityContext` is in
 //! force (checked from the host, on the container's process); its state volume is a local
 //! PersistentVolume bound through the scheduler and owned through `fsGroup`; a deleted pod
-//! comes back on its volume, a frozen worker is restarted by its liveness probe, evictions
-//! are held to the PodDisruptionBudget, a scale out and in keeps the state volumes, with the
-//! counts exact. One node, broker and chart
-//! serve the binary's tests; each works in a namespace of its own. Root only.
+//! comes back on its volume, or its tasks resume on its standby while it cannot; workers
+//! forward queries to each other by their names in the cluster DNS (CoreDNS on the node); a
+//! frozen worker is restarted by its liveness probe, evictions are held to the
+//! PodDisruptionBudget, a scale out and in keeps the state volumes, with the counts exact. One
+//! node, broker and chart serve the binary's tests; each works in a namespace of its own. Root
+//! only.
 //!
 //! Alone: `CARGO_TARGET_DIR=~/.cache/eddy/target cargo test --release -p eddy-e2e --test node`.
 
@@ -495,5 +497,132 @@ fn scaling_out_and_in_keeps_the_state_volumes_and_the_counts_exact() -> Result<(
     check_worker_pod(env, ns, &app, 2).with_context(|| env.diagnostics(ns))?;
     produce_counts(&input, 2000, 20)?;
     wait_until(WAIT, || counted_exactly(&output, 20, 400)).with_context(|| env.diagnostics(ns))?;
+    Ok(())
+}
+
+#[test]
+fn a_deleted_pods_tasks_resume_on_its_standby_while_it_cannot_come_back() -> Result<()> {
+    let env = node::shared()?;
+    let Counting {
+        space,
+        app,
+        input,
+        output,
+    } = counting(env, "standby", 2, "  numStandbyReplicas: 1\n")?;
+    let ns = space.name.as_str();
+    let (gone, other) = (format!("{app}-0"), format!("{app}-1"));
+    let tasks = |env: &RealNode, pod: &str| -> Result<(Vec<String>, Vec<String>)> {
+        let status = env.app_status(ns, &app)?;
+        let held = status.assignment.and_then(|a| a.pods.get(pod).cloned());
+        Ok(held.map(|t| (t.active, t.standby)).unwrap_or_default())
+    };
+    let (mut moved, _) = tasks(env, &gone)?;
+    wait_until(WAIT, || {
+        let (_, standby) = tasks(env, &other)?;
+        Ok(!moved.is_empty() && moved.iter().all(|t| standby.contains(t)))
+    })
+    .with_context(|| format!("{other} keeps no standby of {gone}'s tasks {moved:?}"))?;
+
+    // A quota of one pod in the namespace: the StatefulSet cannot make the deleted pod again
+    // (as when its node is gone or full), so only the standby can take its tasks.
+    env.kubectl(
+        &["-n", ns, "create", "quota", "one-pod", "--hard=pods=1"],
+        None,
+    )?;
+    wait_until(WAIT, || {
+        Ok(env.get(ns, "resourcequota/one-pod", "{.status.used.pods}") == "2")
+    })?;
+    let t = Instant::now();
+    env.kubectl(
+        &[
+            "-n",
+            ns,
+            "delete",
+            "pod",
+            &gone,
+            "--wait=true",
+            "--timeout=120s",
+        ],
+        None,
+    )?;
+    produce_counts(&input, 2000, 20)?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 200)).with_context(|| env.diagnostics(ns))?;
+    let (mut active, _) = tasks(env, &other)?;
+    moved.sort();
+    active.sort();
+    ensure!(
+        moved.iter().all(|t| active.binary_search(t).is_ok()),
+        "{other} is active for {active:?}, not for all of {gone}'s tasks {moved:?}"
+    );
+    ensure!(
+        env.get(ns, &format!("pod/{gone}"), "{.metadata.name}")
+            .is_empty(),
+        "{gone} came back despite the quota: the standby was not what resumed its tasks"
+    );
+    node::note(&format!(
+        "{gone}'s tasks resumed on {other}'s standbys, counts exact, {:.1} s after the delete",
+        node::since(t)
+    ));
+
+    // The quota lifted, the pod comes back on its volume, and the app counts on exactly.
+    env.kubectl(&["-n", ns, "delete", "quota", "one-pod"], None)?;
+    wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
+    produce_counts(&input, 2000, 20)?;
+    wait_until(WAIT, || counted_exactly(&output, 20, 300)).with_context(|| env.diagnostics(ns))?;
+    Ok(())
+}
+
+#[test]
+fn queries_are_forwarded_between_pods_by_their_names_in_the_cluster_dns() -> Result<()> {
+    let env = node::shared()?;
+    let Counting { space, app, .. } = counting(env, "iq", 2, "")?;
+    let ns = space.name.as_str();
+    let pods = [format!("{app}-0"), format!("{app}-1")];
+
+    // Each worker reports its name in the headless Service, which only the cluster's DNS
+    // (CoreDNS on the node) resolves, for the pods' own resolver.
+    let status = env.app_status(ns, &app)?;
+    for pod in &pods {
+        let reported = status
+            .workers
+            .get(pod)
+            .and_then(|w| w.query_address.clone());
+        let name = eddy_crds::query::pod_query_address(&app, pod, ns);
+        ensure!(
+            reported.as_deref() == Some(name.as_str()),
+            "{pod} reports its query address as {reported:?}, not {name}"
+        );
+    }
+    // Every key asked of either pod, at its pod IP: the right count, read where the key's
+    // partition is active, which is the other pod for some keys.
+    let mut forwarded = 0;
+    for pod in &pods {
+        let ip = env.get(ns, &format!("pod/{pod}"), "{.status.podIP}");
+        let mut answered_by = std::collections::BTreeMap::<String, usize>::new();
+        for k in 0..20 {
+            let (code, body) =
+                http_get(&format!("{ip}:9091"), &format!("/stores/counts/keys/k{k}"))?;
+            ensure!(code == 200, "{pod} asked for k{k}: {code} {body}");
+            let answer: eddy_crds::query::KeyAnswer =
+                serde_json::from_str(&body).with_context(|| body.clone())?;
+            ensure!(
+                answer.found && answer.value == 100,
+                "{pod} asked for k{k}: {body}"
+            );
+            *answered_by.entry(answer.answered_by.pod).or_default() += 1;
+        }
+        ensure!(
+            answered_by.keys().eq(pods.iter()),
+            "asked at {pod}, the keys were answered by {answered_by:?}: not by both pods"
+        );
+        forwarded += answered_by
+            .iter()
+            .filter(|(p, _)| *p != pod)
+            .map(|(_, n)| n)
+            .sum::<usize>();
+    }
+    node::note(&format!(
+        "{forwarded} of 40 gets forwarded to the other pod by name"
+    ));
     Ok(())
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 #   build.sh [control-plane]   etcd, kube-apiserver, kube-controller-manager, kubectl and helm
 #                              into ${EDDY_CACHE:-$HOME/.cache/eddy}/k8s/<k8s-version>/bin
-#   build.sh node              kubelet, kube-scheduler and kube-proxy (the real node, node.sh)
+#   build.sh node              kubelet, kube-scheduler, kube-proxy and a CoreDNS of the
+#                              plugins coredns/main.go names (the real node, node.sh)
 #                              into ${EDDY_CACHE:-$HOME/.cache/eddy}/k8s/<k8s-version>/node-bin
 # Builds them from the Go modules pinned in kube/ and helm/ (next to this script) and prints
 # that directory as its last line of stdout (progress goes to stderr).
@@ -21,7 +22,7 @@ BUILD_REV=1 # bump when the way the binaries are built changes
 TARGET="${1:-control-plane}"
 case $TARGET in
 control-plane) BINARIES=(etcd kube-apiserver kube-controller-manager kubectl helm) BIN_NAME=bin ;;
-node) BINARIES=(kubelet kube-scheduler kube-proxy) BIN_NAME=node-bin ;;
+node) BINARIES=(kubelet kube-scheduler kube-proxy coredns) BIN_NAME=node-bin ;;
 *)
   printf 'usage: build.sh [control-plane|node]\n' >&2
   exit 2
@@ -75,7 +76,7 @@ stamp_content() {
     if [[ $TARGET == node ]]; then
       echo "rev $BUILD_REV node k8s $K8S_VERSION"
       kube_ldflags
-      cat "$HERE/kube/go.mod" "$HERE/kube/go.sum"
+      cat "$HERE/kube/go.mod" "$HERE/kube/go.sum" "$HERE/coredns/go.mod" "$HERE/coredns/go.sum" "$HERE/coredns/main.go"
       return
     fi
     echo "rev $BUILD_REV k8s $K8S_VERSION etcd $ETCD_VERSION helm $HELM_VERSION"
@@ -110,13 +111,17 @@ build() {
   export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" GOWORK=off
   local gobuild=(nice -n "$niceness" go build) cmd
   if [[ $TARGET == node ]]; then
-    log "building kubelet, kube-scheduler, kube-proxy $K8S_VERSION with $(go version | cut -d' ' -f3) (-p $jobs); the kubelet ≈ 9 min on 2 busy cores with a cold Go build cache"
-    for cmd in "${BINARIES[@]}"; do
+    log "building kubelet, kube-scheduler, kube-proxy $K8S_VERSION and CoreDNS with $(go version | cut -d' ' -f3) (-p $jobs); the kubelet ≈ 9 min, CoreDNS ≈ 1 min on 2 busy cores with a cold Go build cache"
+    for cmd in kubelet kube-scheduler kube-proxy; do
       log "$cmd..."
       "${gobuild[@]}" -C "$HERE/kube" -p "$jobs" -trimpath -ldflags "$(kube_ldflags)" -o "$tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd" ||
         die "building $cmd failed (see above)"
       log "$cmd built ($((SECONDS - start)) s so far)"
     done
+    log "coredns..."
+    "${gobuild[@]}" -C "$HERE/coredns" -p "$jobs" -trimpath -ldflags "-s -w" -o "$tmp/coredns" . ||
+      die "building coredns failed (see above)"
+    log "coredns built ($((SECONDS - start)) s so far)"
   else
     log "etcd..."
     "${gobuild[@]}" -C "$HERE/kube" -p "$jobs" -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3 ||
