@@ -12,6 +12,7 @@
 //! "Hand-offs and zombies").
 
 use crate::plan::Desired;
+use crate::query::locate::PeerAddressing;
 use crate::status::{Peer, Status};
 use eddy_crds::resource::{
     AppStatus, MAX_GENERATION, REPORT_HEARTBEAT_SECONDS, StatefulStreamApp, TaskRole, TaskState,
@@ -35,11 +36,17 @@ pub struct Link {
     /// This run of the worker (its start time): reported, and named by the assignment
     /// entries the operator makes for it.
     pub incarnation: String,
+    /// Where the other workers answer the queries this one forwards.
+    pub peers: PeerAddressing,
 }
 
 impl Link {
     pub fn new(namespace: String, app: String, pod: String) -> Link {
         Link {
+            peers: PeerAddressing::Service {
+                app: app.clone(),
+                namespace: namespace.clone(),
+            },
             namespace,
             app,
             pod,
@@ -96,6 +103,7 @@ fn observe(link: &Link, status: &Status, st: AppStatus) {
     status.queries.set_cluster(crate::query::Cluster {
         assignment: st.assignment.clone().unwrap_or_default(),
         workers: st.workers.clone(),
+        peers: link.peers.clone(),
     });
     let Some(a) = st.assignment else {
         return;
@@ -258,6 +266,7 @@ mod tests {
             app: "a".into(),
             pod: "a-0".into(),
             incarnation: "run-1".into(),
+            peers: PeerAddressing::Reported,
         };
         let status = Status::default();
         let at = |generation: i64, task: &str| AppStatus {

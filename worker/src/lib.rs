@@ -33,6 +33,7 @@ pub mod query;
 pub mod record;
 pub mod restore;
 pub mod runtime;
+pub mod server;
 pub mod status;
 pub mod steps;
 pub mod store;

@@ -163,6 +163,20 @@ struct RunArgs {
     /// pod's name in the app's headless Service).
     #[arg(long, env = "EDDY_QUERY_ADVERTISED_ADDR")]
     advertised_query_addr: Option<String>,
+    /// Under the operator, where this worker forwards queries: `service`, the other pods'
+    /// names in the app's headless Service; `reported`, the address each worker reports
+    /// (for workers that are not the app's pods; trusts whoever may write the app's status).
+    #[arg(long, env = "EDDY_QUERY_PEERS", value_enum, default_value_t = QueryPeers::Service)]
+    query_peers: QueryPeers,
+}
+
+/// Threads reading pages and global tables for the query API at once: more reads wait.
+const QUERY_BLOCKING_THREADS: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum QueryPeers {
+    Service,
+    Reported,
 }
 
 /// Stack of the processing thread. Address space only: pages are backed as they are first
@@ -400,12 +414,19 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         Ok("all") | Err(_) => None,
         Ok(other) => anyhow::bail!("EDDY_ASSIGNMENT={other:?}: expected `operator` or `all`"),
     };
+    let link = link.map(|mut l| {
+        if a.query_peers == QueryPeers::Reported {
+            l.peers = eddy_worker::query::locate::PeerAddressing::Reported;
+        }
+        l
+    });
     let status = Arc::new(Status {
         follow_assignment: link.is_some(),
         ..Default::default()
     });
-    // One thread serves everything async (the operator link, /metrics, queries): with two,
-    // a get cost the workers 50 µs of CPU instead of 34 (wake-ups between the threads).
+    // One thread serves the operator link and /metrics (and the queries, when they share
+    // the HTTP address); a second runtime serves a query API of its own address, each get
+    // on one thread: spread over two, a get cost 50 µs of CPU instead of 34 (wake-ups).
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -416,23 +437,14 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         .spec
         .queries_enabled()
         .then(|| eddy_worker::query::api::router(status.clone()));
-    let serve = |addr: SocketAddr, app: axum::Router, what: &'static str| {
-        use axum::serve::ListenerExt as _;
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind(addr))
-            .with_context(|| format!("binding the {what} address {addr}"))?
-            // Answers go out at once: without it, an answer written after a forwarded one
-            // waits for the peer's delayed ACK (up to 40 ms).
-            .tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-        rt.spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!("{what} server stopped: {e}");
-            }
-        });
-        anyhow::Ok(())
-    };
+    let serve =
+        |rt: &tokio::runtime::Runtime, addr: SocketAddr, app: axum::Router, what: &'static str| {
+            let listener = rt
+                .block_on(tokio::net::TcpListener::bind(addr))
+                .with_context(|| format!("binding the {what} address {addr}"))?;
+            rt.spawn(eddy_worker::server::serve(listener, app, what));
+            anyhow::Ok(())
+        };
     if let Some(addr) = a.http_addr {
         let mut app =
             eddy_worker::http::router(metrics.clone(), status.clone(), cfg.liveness_timeout);
@@ -441,11 +453,25 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         {
             app = app.merge(q.clone());
         }
-        serve(addr, app, "HTTP")?;
+        serve(&rt, addr, app, "HTTP")?;
     }
-    if let (Some(addr), Some(q)) = (a.query_addr, queries.clone()) {
-        serve(addr, q, "query")?;
-    }
+    // A query API of its own address (as under the operator) runs on a runtime of its own:
+    // a flood of queries must not delay the status reports and the assignment watch on `rt`
+    // past the failover bound. Its blocking pool (pages, global tables) is bounded too.
+    let query_rt = match (a.query_addr, queries.clone()) {
+        (Some(addr), Some(q)) => {
+            let qrt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .max_blocking_threads(QUERY_BLOCKING_THREADS)
+                .thread_name("eddy-query")
+                .enable_all()
+                .build()
+                .context("starting the query API's runtime")?;
+            serve(&qrt, addr, q, "query")?;
+            Some(qrt)
+        }
+        _ => None,
+    };
     if queries.is_some()
         && let Ok(mut r) = status.report.lock()
     {
@@ -503,6 +529,9 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         .join()
         .map_err(|_| anyhow::anyhow!("the processing thread panicked"))?;
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    if let Some(qrt) = query_rt {
+        qrt.shutdown_timeout(std::time::Duration::from_secs(1));
+    }
     result.map_err(|e| match e.hint() {
         Some(hint) => anyhow::Error::new(e).context(format!("stopped ({hint})")),
         None => e.into(),

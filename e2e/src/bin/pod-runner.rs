@@ -14,8 +14,9 @@
 //!   discovering pods through the API server, can scrape a pod's metrics); the readiness
 //!   probe's `httpGet` goes there (every second) and drives the `Ready` condition;
 //! - `EDDY_QUERY_ADDR` (the query API) becomes `127.0.0.1:<free port>` too, also set as
-//!   `EDDY_QUERY_ADVERTISED_ADDR` (where other workers forward queries) and written to the
-//!   annotation `e2e.eddy.dev/query-addr`;
+//!   `EDDY_QUERY_ADVERTISED_ADDR` (where other workers forward queries, which
+//!   `EDDY_QUERY_PEERS=reported` makes them use instead of the pods' names) and written to
+//!   the annotation `e2e.eddy.dev/query-addr`;
 //! - `KUBECONFIG` points at a kubeconfig holding a token of the pod's ServiceAccount (so the
 //!   process has exactly the pod's RBAC), and `EDDY_POD_RUNNER=1` is set; its server is a
 //!   per-pod TCP relay to the API server, which a test cuts by writing `cut` into
@@ -694,8 +695,10 @@ impl Supervisor {
             let port = eddy_e2e::free_port().map_err(config_err)?;
             *addr = format!("127.0.0.1:{port}");
             let advertised = addr.clone();
-            env.retain(|(k, _)| k != "EDDY_QUERY_ADVERTISED_ADDR");
+            env.retain(|(k, _)| k != "EDDY_QUERY_ADVERTISED_ADDR" && k != "EDDY_QUERY_PEERS");
             env.push(("EDDY_QUERY_ADVERTISED_ADDR".into(), advertised.clone()));
+            // No pod names resolve here: the workers forward to the addresses they report.
+            env.push(("EDDY_QUERY_PEERS".into(), "reported".into()));
             let api: Api<Pod> = Api::namespaced(self.rt.client.clone(), &self.ns);
             let patch = json!({"metadata": {"uid": self.uid,
                 "annotations": {eddy_e2e::k8s::POD_QUERY_ANNOTATION: advertised}}});

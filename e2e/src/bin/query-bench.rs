@@ -235,7 +235,7 @@ fn query_load(
                     }
                     Err(e) => {
                         o.failed += 1;
-                        o.first_failure.get_or_insert(e);
+                        o.first_failure.get_or_insert(e.to_string());
                     }
                 }
             }));

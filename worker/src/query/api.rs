@@ -11,7 +11,7 @@
 //! Every request takes `maxLag` (a number of records, or `any`: a standby may answer) and
 //! pages take `limit` and `after` (the `next` of the previous page).
 
-use super::client::{FORWARDED_BY, HttpClient, client, fetch};
+use super::client::{FORWARDED_BY, FetchError, HttpClient, client, fetch};
 use super::locate::{self, Freshness, LocalCopy, Route};
 use super::params::{PAGE, Params, Problem, hex_decode, hex_encode, internal};
 use super::read::{self, Read, Request};
@@ -589,8 +589,8 @@ fn where_to(api: &Api, task: TaskId, p: &Params, headers: &HeaderMap) -> Result<
 }
 
 /// Read this worker's copy of `task`. A single key is read on the server's own thread (a
-/// point lookup takes microseconds, less than a hand-off to the blocking pool); a page is
-/// read on a blocking thread.
+/// point lookup takes microseconds, less than a hand-off to the blocking pool); a page, or a
+/// versioned store's key (its history), is read on a blocking thread.
 async fn local(
     api: &Api,
     info: &StoreInfo,
@@ -600,7 +600,9 @@ async fn local(
 ) -> Result<(Read, AnsweredBy), Problem> {
     let freshness = p.freshness()?;
     let min_offset = p.int("minOffset")?;
-    if matches!(req, Request::Get { .. }) {
+    // A point lookup here; a versioned store's get reads the key's history, so it goes to
+    // the bounded blocking pool with the pages.
+    if matches!(req, Request::Get { .. }) && !matches!(info.kind, Kind::Versioned { .. }) {
         return read_copy(&api.status, info, task, &req, freshness, min_offset);
     }
     let (status, info) = (api.status.clone(), info.clone());
@@ -741,19 +743,61 @@ async fn forward<T: serde::de::DeserializeOwned>(
         _ => format!("http://{address}{path}"),
     };
     let me = api.status.queries.layout().pod.clone();
-    let (code, _, body) = fetch(&api.client, &url, &[(FORWARDED_BY, &me)])
-        .await
-        .map_err(|e| Problem::retry(format!("forwarding to {pod} ({address}): {e}")))?;
+    let (code, _, body) = match fetch(&api.client, &url, &[(FORWARDED_BY, &me)]).await {
+        Ok(answer) => answer,
+        Err(e @ FetchError::TooLarge) => {
+            return Err(Problem {
+                code: StatusCode::BAD_GATEWAY,
+                message: format!("forwarding to {pod}: {e}"),
+                retry: false,
+            });
+        }
+        Err(e) => {
+            return Err(Problem::retry(format!(
+                "forwarding to {pod} ({address}): {e}"
+            )));
+        }
+    };
     if code.is_success() {
         return serde_json::from_slice(&body)
             .map_err(|e| internal(format!("{pod} answered something unreadable: {e}")));
     }
-    let message = serde_json::from_slice::<QueryProblem>(&body)
-        .map(|p| p.error)
-        .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
-    Err(Problem {
+    Err(peer_problem(pod, code, &body))
+}
+
+/// What the caller is told of another worker's refusal: the statuses the query API answers
+/// with, and the message of its problem document, bounded; anything else is a bad gateway,
+/// and a body that is not a problem document is not passed on (it may be any server's).
+fn peer_problem(pod: &str, code: StatusCode, body: &[u8]) -> Problem {
+    const MAX_MESSAGE: usize = 1024;
+    let passed = [
+        StatusCode::BAD_REQUEST,
+        StatusCode::NOT_FOUND,
+        StatusCode::SERVICE_UNAVAILABLE,
+    ];
+    let answered = code;
+    let code = if passed.contains(&answered) {
+        answered
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    let message = match serde_json::from_slice::<QueryProblem>(body) {
+        Ok(p) if p.error.len() > MAX_MESSAGE => {
+            let mut end = MAX_MESSAGE;
+            while !p.error.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}...", &p.error[..end])
+        }
+        Ok(p) => p.error,
+        Err(_) => format!(
+            "answered {answered} without a problem document ({} bytes)",
+            body.len()
+        ),
+    };
+    Problem {
         code,
         message: format!("{pod}: {message}"),
         retry: code == StatusCode::SERVICE_UNAVAILABLE,
-    })
+    }
 }

@@ -7,11 +7,96 @@
 //! copy is preferred (no hop), then the active's pod, then the replica with the least lag.
 //! A request already forwarded once is answered where it lands or not at all, so two workers
 //! with different views of the assignment never bounce it between them.
+//!
+//! Where another worker is asked is derived from its pod name ([`PeerAddressing::Service`]),
+//! not taken from what it reports: anyone who can write the app's status (the workers can)
+//! could otherwise send this worker's forwarded queries to a host and path of their choice.
 
 use super::Cluster;
 use super::Holder;
 use eddy_crds::TaskId;
-use eddy_crds::resource::{TaskRole, TaskState, TaskStatus};
+use eddy_crds::resource::{TaskRole, TaskState, TaskStatus, WorkerStatus};
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// How a worker finds where another worker of its app answers queries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerAddressing {
+    /// At its pod's name in the app's headless Service, `<pod>.<app>-workers.<namespace>.svc`,
+    /// port 9091 ([`eddy_crds::query::pod_query_address`]), for a pod the operator's
+    /// assignment names: the default under the operator. A worker's report only says whether
+    /// it serves queries at all.
+    Service { app: String, namespace: String },
+    /// At the address each worker reports, if it is a bare `host:port`: for workers that are
+    /// not pods of the app's StatefulSet (the e2e pod runner's local processes). Whoever may
+    /// write the app's status then chooses where forwarded queries go.
+    Reported,
+}
+
+impl PeerAddressing {
+    /// Where `pod`, whose report is `w`, answers queries; or why it cannot be asked.
+    pub fn address(&self, pod: &str, w: &WorkerStatus) -> Result<String, String> {
+        let Some(reported) = &w.query_address else {
+            return Err(format!("{pod} reports no query address"));
+        };
+        match self {
+            PeerAddressing::Service { app, namespace } => {
+                if !is_dns_label(pod) {
+                    return Err(format!("{pod:?} is not a pod name (a DNS label)"));
+                }
+                Ok(eddy_crds::query::pod_query_address(app, pod, namespace))
+            }
+            PeerAddressing::Reported => match check_host_port(reported) {
+                Ok(()) => Ok(reported.clone()),
+                Err(why) => Err(format!(
+                    "{pod} reports the query address {reported:?}, which is not a bare host:port ({why})"
+                )),
+            },
+        }
+    }
+}
+
+/// A lower-case RFC 1123 label, as pod names are.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=63).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// `host:port` and nothing else (no user, path, query or fragment): a DNS name, an IPv4
+/// address or a bracketed IPv6 address, and a port from 1 to 65535.
+fn check_host_port(s: &str) -> Result<(), String> {
+    let (host, port) = s.rsplit_once(':').ok_or("no port")?;
+    if port.is_empty() || !port.bytes().all(|c| c.is_ascii_digit()) {
+        return Err(format!("port {port:?}"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => {}
+        _ => return Err(format!("port {port}")),
+    }
+    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return v6
+            .parse::<Ipv6Addr>()
+            .map(|_| ())
+            .map_err(|_| format!("host {host:?}"));
+    }
+    if host.parse::<Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    let labels_ok = name.split('.').all(|l| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    });
+    if name.is_empty() || name.len() > 253 || !labels_ok {
+        return Err(format!("host {host:?}"));
+    }
+    Ok(())
+}
 
 /// How stale an answer the caller accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +153,7 @@ impl LocalCopy {
 pub enum Route {
     /// This worker's copy answers.
     Local,
-    /// Forward to `pod` at `address` (its advertised query address).
+    /// Forward to `pod` at `address` (see [`PeerAddressing`]).
     Forward { pod: String, address: String },
     /// No copy can answer now (a restore, a move, a pod down): ask again shortly. Says why.
     Unavailable(String),
@@ -107,11 +192,13 @@ pub fn route(
     };
     let id = task.to_string();
     let down = &cluster.assignment.down;
-    let running = |pod: &str, role: TaskRole| -> Option<(Option<i64>, String)> {
+    // A copy of the task in `role`, running on `pod`: its lag and where to ask (or why not).
+    type Running = Option<(Option<i64>, Result<String, String>)>;
+    let running = |pod: &str, role: TaskRole| -> Running {
         let w = cluster.workers.get(pod)?;
         let t = w.tasks.get(&id)?;
-        let address = w.query_address.clone()?;
-        (t.role == role && t.state == TaskState::Running).then_some((t.lag, address))
+        (t.role == role && t.state == TaskState::Running)
+            .then(|| (t.lag, cluster.peers.address(pod, w)))
     };
     let mut why = vec![held_here];
     let active = cluster
@@ -126,14 +213,17 @@ pub fn route(
             why.push(format!("the pod of its active copy, {pod}, is down"))
         }
         Some(pod) => match running(pod, TaskRole::Active) {
-            Some((_, address)) => {
+            Some((_, Ok(address))) => {
                 return Route::Forward {
                     pod: pod.clone(),
                     address,
                 };
             }
+            Some((_, Err(no_address))) => why.push(format!(
+                "its active copy on {pod} cannot be asked: {no_address}"
+            )),
             None => why.push(format!(
-                "its active copy on {pod} is not running yet (restoring, being handed over, or no query address reported)"
+                "its active copy on {pod} is not running yet (restoring, or being handed over)"
             )),
         },
         None => why.push(format!("no pod is assigned task {task} yet")),
@@ -157,7 +247,7 @@ pub fn route(
             };
             let w = cluster.workers.get(pod)?;
             let t = w.tasks.get(&id).filter(|t| t.role == role)?;
-            let address = w.query_address.clone()?;
+            let address = cluster.peers.address(pod, w).ok()?;
             freshness
                 .accepts(role, t.lag)
                 .then(|| (t.lag.unwrap_or(i64::MAX), pod.clone(), address))
@@ -241,7 +331,11 @@ mod tests {
                 down: down.iter().map(|d| d.to_string()).collect(),
                 ..Default::default()
             },
-            ..Default::default()
+            workers: Default::default(),
+            peers: PeerAddressing::Service {
+                app: "app".into(),
+                namespace: "ns".into(),
+            },
         };
         // Every pod also holds another task, which must not confuse the routing.
         for p in pods {
@@ -628,13 +722,21 @@ mod tests {
             report: Some((TaskRole::Standby, TaskState::Running, Some(0))),
             ..running_active("app-1")
         };
-        for active in [restoring, no_address, not_reported, stale] {
+        for (active, says) in [
+            (restoring, "its active copy on app-1 is not running yet"),
+            (
+                no_address,
+                "its active copy on app-1 cannot be asked: app-1 reports no query address",
+            ),
+            (not_reported, "its active copy on app-1 is not running yet"),
+            (stale, "its active copy on app-1 is not running yet"),
+        ] {
             let c = cluster(&[active, standby("app-2", Some(3))], &[]);
             let why = unavailable(route(task(), Freshness::Active, None, Some(&c), ME, false));
             assert_says(
                 &why,
                 &[
-                    "its active copy on app-1 is not running yet",
+                    says,
                     "a standby copy may answer if the request accepts one (maxLag)",
                 ],
             );
@@ -651,10 +753,7 @@ mod tests {
                 ME,
                 false,
             ));
-            assert_says(
-                &why,
-                &["not running yet", "no standby within the lag accepted"],
-            );
+            assert_says(&why, &[says, "no standby within the lag accepted"]);
         }
         // The worker with no report at all is not asked either.
         let mut c = cluster(&[running_active("app-1")], &[]);
@@ -694,5 +793,83 @@ mod tests {
             route(task(), Freshness::MaxLag(1), None, Some(&c), ME, false),
             forward("app-2")
         );
+    }
+
+    /// Reports that would send a forwarded query elsewhere: another host, a path, a user, a
+    /// fragment that cuts the request's path off, an unbracketed IPv6 address, no port.
+    const FORGED: [&str; 8] = [
+        "10.0.0.5:8080/admin#",
+        "user@app-1.app-workers.ns.svc:9091",
+        "app-1.app-workers.ns.svc:9091/x?",
+        "app-1.app-workers.ns.svc",
+        "::1:9091",
+        "app-1.app-workers.ns.svc:0",
+        "app-1.app-workers.ns.svc:65536",
+        "app_1.app-workers.ns.svc:9091",
+    ];
+
+    #[test]
+    fn under_the_service_a_peer_is_asked_at_its_pod_name_whatever_it_reports() {
+        for forged in FORGED.into_iter().chain(["evil.example:9091"]) {
+            let mut c = cluster(&[running_active("app-1"), standby("app-2", Some(0))], &[]);
+            for w in c.workers.values_mut() {
+                w.query_address = Some(forged.into());
+            }
+            assert_eq!(
+                route(task(), Freshness::Active, None, Some(&c), ME, false),
+                forward("app-1"),
+                "{forged}"
+            );
+            if let Some(p) = c.assignment.pods.get_mut("app-1") {
+                p.active.clear();
+            }
+            assert_eq!(
+                route(task(), Freshness::Any, None, Some(&c), ME, false),
+                forward("app-2"),
+                "{forged}"
+            );
+        }
+        // A pod name that is no DNS label (a forged assignment) is never asked.
+        let c = cluster(&[running_active("app-1.evil.example:80/#")], &[]);
+        assert_says(
+            &unavailable(route(task(), Freshness::Active, None, Some(&c), ME, false)),
+            &["cannot be asked", "is not a pod name"],
+        );
+    }
+
+    fn set_address(c: &mut Cluster, address: Option<&str>) {
+        if let Some(w) = c.workers.get_mut("app-1") {
+            w.query_address = address.map(String::from);
+        }
+    }
+
+    #[test]
+    fn reported_addresses_are_used_only_when_they_are_a_bare_host_and_port() {
+        let mut c = cluster(&[running_active("app-1")], &[]);
+        c.peers = PeerAddressing::Reported;
+        for good in [
+            "app-1.app-workers.ns.svc:9091",
+            "127.0.0.1:40123",
+            "[::1]:9091",
+            "localhost.:1",
+        ] {
+            set_address(&mut c, Some(good));
+            assert_eq!(
+                route(task(), Freshness::Active, None, Some(&c), ME, false),
+                Route::Forward {
+                    pod: "app-1".into(),
+                    address: good.into()
+                },
+                "{good}"
+            );
+        }
+        for forged in FORGED {
+            set_address(&mut c, Some(forged));
+            let why = unavailable(route(task(), Freshness::Active, None, Some(&c), ME, false));
+            assert_says(&why, &["app-1 cannot be asked", "not a bare host:port"]);
+        }
+        set_address(&mut c, None);
+        let why = unavailable(route(task(), Freshness::Active, None, Some(&c), ME, false));
+        assert_says(&why, &["app-1 reports no query address"]);
     }
 }

@@ -183,11 +183,12 @@ pub struct Layout {
 }
 
 /// The operator's view of the app (under the operator only): who holds which task, and
-/// what each worker reports, including where it answers queries.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// what each worker reports; and how this worker reaches the others.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Cluster {
     pub assignment: Assignment,
     pub workers: BTreeMap<String, WorkerStatus>,
+    pub peers: locate::PeerAddressing,
 }
 
 fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {

@@ -4,6 +4,7 @@
 
 use super::api;
 use super::client::{self as http, HttpClient};
+use super::locate::PeerAddressing;
 use super::read::{self, Read, ReadError, Request};
 use super::{Cluster, Holder, Kind, StoreInfo};
 use crate::status::Status;
@@ -1073,7 +1074,9 @@ fn cluster(addresses: &[String; 2]) -> Cluster {
             partitions: vec![2],
             ..Default::default()
         },
-        ..Default::default()
+        workers: Default::default(),
+        // The test's workers are not pods: each answers at the loopback port it reports.
+        peers: PeerAddressing::Reported,
     };
     for (i, pod) in PODS.iter().enumerate() {
         let task = format!("0_{i}");
@@ -1375,6 +1378,82 @@ async fn two_workers_answer_every_key_forwarding_to_each_other() {
         assert_eq!(got.answered_by.pod, PODS[0]);
     }
     drop(dbs);
+}
+
+/// A server at a peer's address that is no worker: it reads one request's head, then
+/// answers with `head` and, if `endless`, a chunked body that never ends.
+async fn impostor(head: &'static str, endless: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if conn.write_all(head.as_bytes()).await.is_err() || !endless {
+                    return;
+                }
+                let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+                while conn.write_all(chunk.as_bytes()).await.is_ok() {}
+            });
+        }
+    });
+    address
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_peer_answers_is_bounded_and_never_passed_on_raw() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let res = resources();
+    let me = worker(PODS[0]);
+    let db = Arc::new(open(&res, &dir.path().join("0_0"), &["counts"]));
+    me.queries
+        .publish(TaskId::new(0, 0), Holder::Active, Some(&db), Vec::new());
+    let here = serve(me.clone()).await;
+    let k1 = KEYS
+        .iter()
+        .find(|k| crate::partitioner::partition_for(k.as_bytes(), 2) == 1)
+        .expect("a key of partition 1");
+    let path = format!("/stores/counts/keys/{}", enc(k1));
+    let client = http::client();
+
+    // An error page of some other server: a bad gateway, its body not echoed.
+    let page = impostor(
+        "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 26\r\nconnection: close\r\n\r\n<html>admin: s3cret</html>",
+        false,
+    )
+    .await;
+    me.queries.set_cluster(cluster(&[here.clone(), page]));
+    let (why, retry, _) = problem(&client, &here, &path, StatusCode::BAD_GATEWAY).await;
+    assert!(
+        why.contains("qa-1: answered 500 Internal Server Error without a problem document"),
+        "{why}"
+    );
+    assert!(!why.contains("s3cret"), "{why}");
+    assert_eq!(retry, None);
+
+    // A 200 whose body never ends: cut off at the bound, with what to do about it.
+    let endless = impostor(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+        true,
+    )
+    .await;
+    me.queries.set_cluster(cluster(&[here.clone(), endless]));
+    let (why, _, _) = problem(&client, &here, &path, StatusCode::BAD_GATEWAY).await;
+    assert!(
+        why.contains("larger than 32 MiB: ask for fewer entries"),
+        "{why}"
+    );
+    drop(db);
 }
 
 /// A table's values carry their record's timestamp only when its updates go on to a
