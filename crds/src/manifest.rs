@@ -898,6 +898,18 @@ fn check_kafka(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
             _ => {}
         }
     }
+    if security::password_in_clear(&spec.kafka)
+        && !spec
+            .kafka
+            .sasl
+            .as_ref()
+            .is_some_and(|s| s.send_password_in_clear)
+    {
+        return Err(invalid(
+            format!("{prefix}kafka.sasl.mechanism"),
+            "PLAIN without TLS sends the password to the brokers in clear, for anyone on the network path to read: add kafka.tls, use SCRAM-SHA-512, or set kafka.sasl.sendPasswordInClear: true",
+        ));
+    }
     Ok(())
 }
 
@@ -1618,12 +1630,13 @@ spec:
         assert_eq!(s.username, ValueSource::Value("alice".into()));
         assert_eq!(s.password, creds("c", "p"));
         let s = read(
-            "{mechanism: PLAIN, username: {secretKeyRef: {name: c, key: u}}, password: {name: c, key: p}}",
+            "{mechanism: PLAIN, username: {secretKeyRef: {name: c, key: u}}, password: {name: c, key: p}, sendPasswordInClear: true}",
         );
         assert_eq!(s.username, ValueSource::Secret(creds("c", "u")));
         // Today's shape keeps working.
-        let s =
-            read("{mechanism: PLAIN, username: {name: c, key: u}, password: {name: c, key: p}}");
+        let s = read(
+            "{mechanism: SCRAM-SHA-256, username: {name: c, key: u}, password: {name: c, key: p}}",
+        );
         assert_eq!(s.username, ValueSource::Secret(creds("c", "u")));
         // Serialized short, as before: the spec hash of existing apps does not change.
         let yaml = serde_yaml::to_string(&s).expect("serializable");
@@ -1661,6 +1674,24 @@ spec:
             "{SECURED}  tls: {{ca: {{name: '', key: ca.crt}}}}\n"
         ));
         assert!(e.contains("kafka.tls.ca"), "{e}");
+    }
+
+    #[test]
+    fn a_plain_password_in_clear_is_refused_unless_the_app_says_so() {
+        let sasl = "sasl: {mechanism: PLAIN, username: u, password: {name: c, key: p}";
+        let e = err(&format!("{SECURED}  {sasl}}}\n"));
+        assert!(
+            e.contains("kafka.sasl.mechanism")
+                && e.contains("in clear")
+                && e.contains("sendPasswordInClear: true"),
+            "{e}"
+        );
+        parse_app(&format!("{SECURED}  {sasl}, sendPasswordInClear: true}}\n")).expect("opted in");
+        parse_app(&format!("{SECURED}  tls: {{}}\n  {sasl}}}\n")).expect("over TLS");
+        let e = err(&format!(
+            "{SECURED}  tls: {{}}\n  properties: {{security.protocol: sasl_plaintext}}\n  {sasl}}}\n"
+        ));
+        assert!(e.contains("in clear"), "the properties turn TLS off: {e}");
     }
 
     #[test]

@@ -269,6 +269,12 @@ pub fn crd() -> CustomResourceDefinition {
     warmup["maxWarmupReplicas"]["minimum"] = json!(1);
     warmup["acceptableRecoveryLag"]["minimum"] = json!(0);
     schema["properties"]["kafka"]["properties"]["properties"] = kafka_properties_schema();
+    // As `manifest::check_kafka` says, less what `kafka.properties` change (the operator
+    // checks those): no password in clear unless the app says so.
+    schema["properties"]["kafka"]["x-kubernetes-validations"] = json!([{
+        "rule": "!has(self.sasl) || self.sasl.mechanism != 'PLAIN' || has(self.tls) || (has(self.sasl.sendPasswordInClear) && self.sasl.sendPasswordInClear)",
+        "message": "kafka.sasl.mechanism: PLAIN without TLS sends the password to the brokers in clear, for anyone on the network path to read: add kafka.tls, use SCRAM-SHA-512, or set kafka.sasl.sendPasswordInClear: true",
+    }]);
     // A table's key and value are never windowed (the manifest refuses it, with a reason).
     let table = &mut schema["properties"]["tables"]["additionalProperties"]["properties"];
     for f in ["key", "value"] {

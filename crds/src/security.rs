@@ -152,6 +152,27 @@ pub fn security_protocol(tls: bool, sasl: bool) -> Option<&'static str> {
     }
 }
 
+/// The password goes to the brokers in clear: SASL `PLAIN` without TLS, as the client will
+/// connect (`kafka.properties` win over `tls` and `sasl`, as in every client).
+pub fn password_in_clear(kafka: &KafkaSpec) -> bool {
+    let Some(sasl) = &kafka.sasl else {
+        return false;
+    };
+    let property = |name: &str| {
+        kafka
+            .properties
+            .iter()
+            .find(|(k, _)| k.as_str() == name)
+            .map(|(_, v)| v.trim().to_ascii_uppercase())
+    };
+    let mechanism = property("sasl.mechanisms")
+        .or_else(|| property("sasl.mechanism"))
+        .unwrap_or_else(|| sasl.mechanism.as_str().to_string());
+    let protocol = property("security.protocol")
+        .or_else(|| security_protocol(kafka.tls.is_some(), true).map(str::to_ascii_uppercase));
+    mechanism == "PLAIN" && protocol.as_deref() == Some("SASL_PLAINTEXT")
+}
+
 /// What `spec.kafka.tls` and `spec.kafka.sasl` ask of a client. `tls: {}` alone means TLS
 /// with the system's CAs.
 pub fn client_security(kafka: &KafkaSpec) -> ClientSecurity<'_> {
@@ -183,6 +204,46 @@ pub fn client_security(kafka: &KafkaSpec) -> ClientSecurity<'_> {
             .push((Credential::SaslPassword, Source::Secret(&sasl.password)));
     }
     out
+}
+
+/// The label that lets apps use a Secret as a Kafka credential (value `"true"`): without it
+/// the operator neither reads the Secret nor makes pods that name it. Creating an app needs no
+/// access to Secrets, so whoever may label the Secret decides which apps' brokers get it.
+pub const CREDENTIAL_LABEL: &str = "eddy.dev/kafka-credential";
+/// On such a Secret, the bootstrap servers it may be sent to (comma-separated `host:port`):
+/// an app naming any other is refused. Without it, any broker an app of the namespace names.
+pub const BROKERS_ANNOTATION: &str = "eddy.dev/kafka-brokers";
+
+/// Why `secret` may not be sent to the brokers `bootstrap_servers` (None: it may), from its
+/// labels and annotations.
+pub fn credential_refusal(
+    labels: Option<&std::collections::BTreeMap<String, String>>,
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    bootstrap_servers: &str,
+) -> Option<String> {
+    if labels
+        .and_then(|l| l.get(CREDENTIAL_LABEL))
+        .map(String::as_str)
+        != Some("true")
+    {
+        return Some(format!(
+            "it is not labelled {CREDENTIAL_LABEL}=true, which lets apps send it to the brokers they name"
+        ));
+    }
+    let allowed = annotations.and_then(|a| a.get(BROKERS_ANNOTATION))?;
+    let allowed: Vec<&str> = allowed.split(',').map(str::trim).collect();
+    let outside: Vec<&str> = bootstrap_servers
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && !allowed.contains(s))
+        .collect();
+    (!outside.is_empty()).then(|| {
+        format!(
+            "its annotation {BROKERS_ANNOTATION} ({}) does not list {}",
+            allowed.join(","),
+            outside.join(", ")
+        )
+    })
 }
 
 /// librdkafka properties that hold credentials, refused in `kafka.properties` (they would be
@@ -287,6 +348,7 @@ mod tests {
                 mechanism: SaslMechanism::ScramSha512,
                 username: ValueSource::Value("alice".into()),
                 password: pass.clone(),
+                send_password_in_clear: false,
             }),
             ..Default::default()
         };
@@ -375,5 +437,74 @@ mod tests {
         for s in Setting::ALL {
             assert!(seen.insert(s.property()) && seen.insert(s.env()), "{s:?}");
         }
+    }
+
+    #[test]
+    fn a_secret_is_a_credential_only_when_labelled_and_only_for_its_brokers() {
+        use std::collections::BTreeMap;
+        let map = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+        let servers = "k1:9093, k2:9093";
+        let why = credential_refusal(None, None, servers).expect("unlabelled");
+        assert!(why.contains("eddy.dev/kafka-credential=true"), "{why}");
+        let why = credential_refusal(Some(&map(CREDENTIAL_LABEL, "yes")), None, servers);
+        assert!(why.is_some(), "only the value true opts in");
+        let labelled = map(CREDENTIAL_LABEL, "true");
+        assert_eq!(credential_refusal(Some(&labelled), None, servers), None);
+        let brokers = map(BROKERS_ANNOTATION, "k1:9093,k2:9093,k3:9093");
+        assert_eq!(
+            credential_refusal(Some(&labelled), Some(&brokers), servers),
+            None
+        );
+        let why = credential_refusal(Some(&labelled), Some(&brokers), "k1:9093,evil.example:9092")
+            .expect("a broker outside the annotation");
+        assert!(
+            why.contains("does not list evil.example:9092") && !why.contains("k1:9093,evil"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_password_is_in_clear_with_plain_without_tls_as_the_client_connects() {
+        let secret = SecretKeyRef {
+            name: "c".into(),
+            key: "p".into(),
+        };
+        let sasl = |mechanism| SaslSpec {
+            mechanism,
+            username: ValueSource::Value("u".into()),
+            password: secret.clone(),
+            send_password_in_clear: false,
+        };
+        let kafka = |sasl: Option<SaslSpec>, tls: bool, props: &[(&str, &str)]| KafkaSpec {
+            sasl,
+            tls: tls.then(TlsSpec::default),
+            properties: props
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        };
+        let plain = Some(sasl(SaslMechanism::Plain));
+        let scram = Some(sasl(SaslMechanism::ScramSha512));
+        assert!(password_in_clear(&kafka(plain.clone(), false, &[])));
+        assert!(!password_in_clear(&kafka(plain.clone(), true, &[])));
+        assert!(!password_in_clear(&kafka(scram.clone(), false, &[])));
+        assert!(!password_in_clear(&kafka(None, false, &[])));
+        // What kafka.properties say wins, as in the clients.
+        assert!(password_in_clear(&kafka(
+            plain.clone(),
+            true,
+            &[("security.protocol", "sasl_plaintext")]
+        )));
+        assert!(password_in_clear(&kafka(
+            scram,
+            false,
+            &[("sasl.mechanisms", "plain")]
+        )));
+        assert!(!password_in_clear(&kafka(
+            plain,
+            false,
+            &[("security.protocol", "SASL_SSL")]
+        )));
     }
 }

@@ -375,6 +375,10 @@ pub struct SaslSpec {
     pub username: ValueSource,
     /// A Secret key holding the password.
     pub password: SecretKeyRef,
+    /// Allow `PLAIN` without TLS, which sends the password to the brokers in clear (anyone on
+    /// the network path reads it). Refused otherwise: add `kafka.tls`, or use SCRAM.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub send_password_in_clear: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

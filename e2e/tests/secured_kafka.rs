@@ -146,6 +146,22 @@ fn apps_on_sasl_and_tls_listeners_run_with_credentials_only_in_secrets() -> Resu
         ],
         None,
     )?;
+    // Whoever keeps the Secrets lets the namespace's apps use them as Kafka credentials.
+    let label = |secret: &str| {
+        cp.kubectl(
+            &[
+                "-n",
+                NS,
+                "label",
+                "secret",
+                secret,
+                &format!("{}=true", eddy_crds::security::CREDENTIAL_LABEL),
+            ],
+            None,
+        )
+    };
+    label("kafka-sasl")?;
+    label("kafka-tls")?;
 
     // Three apps, one per listener: SCRAM with a literal username; mutual TLS; PLAIN over TLS
     // with the username from a Secret in today's `{name, key}` shape.
@@ -295,6 +311,11 @@ fn apps_on_sasl_and_tls_listeners_run_with_credentials_only_in_secrets() -> Resu
             && message.contains("kafka.sasl.password"))
     })
     .with_context(|| format!("{:?}\n{}", degraded(&cp, &late), logs(dir.path())))?;
+    ensure!(
+        cp.jsonpath(NS, &format!("statefulset/{late}"), "{.metadata.name}")
+            .is_empty(),
+        "a StatefulSet naming the missing Secret was made"
+    );
     cp.kubectl(
         &[
             "-n",
@@ -304,6 +325,67 @@ fn apps_on_sasl_and_tls_listeners_run_with_credentials_only_in_secrets() -> Resu
             "generic",
             "late-creds",
             &from("password"),
+        ],
+        None,
+    )?;
+    // Not labelled as a Kafka credential: the app may not use it, and gets no pod (a pod
+    // would carry the password to whatever brokers the app names); nor did it while the
+    // Secret was missing.
+    let no_pods = || {
+        cp.jsonpath(NS, &format!("statefulset/{late}"), "{.metadata.name}")
+            .is_empty()
+    };
+    wait_until(WAIT, || {
+        let (reason, message) = degraded(&cp, &late);
+        Ok(reason == "KafkaCredentialsNotAllowed"
+            && message.contains(&format!(
+                "secret {NS}/late-creds may not be used by this app"
+            ))
+            && message.contains(&format!(
+                "kubectl -n {NS} label secret late-creds eddy.dev/kafka-credential=true"
+            )))
+    })
+    .with_context(|| format!("{:?}\n{}", degraded(&cp, &late), logs(dir.path())))?;
+    ensure!(
+        no_pods(),
+        "a StatefulSet naming the unlabelled Secret was made"
+    );
+    // Labelled, but for other brokers only.
+    cp.kubectl(
+        &[
+            "-n",
+            NS,
+            "annotate",
+            "secret",
+            "late-creds",
+            &format!("{}=elsewhere:9092", eddy_crds::security::BROKERS_ANNOTATION),
+        ],
+        None,
+    )?;
+    label("late-creds")?;
+    let servers = get("sasl_plaintext")?;
+    wait_until(WAIT, || {
+        let (reason, message) = degraded(&cp, &late);
+        Ok(reason == "KafkaCredentialsNotAllowed"
+            && message.contains(&format!("(elsewhere:9092) does not list {servers}")))
+    })
+    .with_context(|| format!("{:?}\n{}", degraded(&cp, &late), logs(dir.path())))?;
+    ensure!(
+        no_pods(),
+        "a StatefulSet naming a Secret meant for other brokers was made"
+    );
+    cp.kubectl(
+        &[
+            "-n",
+            NS,
+            "annotate",
+            "--overwrite",
+            "secret",
+            "late-creds",
+            &format!(
+                "{}=elsewhere:9092,{servers}",
+                eddy_crds::security::BROKERS_ANNOTATION
+            ),
         ],
         None,
     )?;
@@ -328,6 +410,7 @@ fn apps_on_sasl_and_tls_listeners_run_with_credentials_only_in_secrets() -> Resu
         ],
         None,
     )?;
+    label("wrong-creds")?;
     let wrong = unique("wrong");
     let wrong_kafka = late_kafka.replace("late-creds", "wrong-creds");
     cp.kubectl(
@@ -360,6 +443,33 @@ fn apps_on_sasl_and_tls_listeners_run_with_credentials_only_in_secrets() -> Resu
             .contains("kafka.properties must not hold credentials"),
         "{err}"
     );
+
+    // Nor does a PLAIN password in clear, unless the app says so.
+    let plain = |extra: &str| {
+        app_yaml(
+            "plain",
+            &input,
+            &output,
+            &format!(
+                "    bootstrapServers: x:9092\n    sasl: {{mechanism: PLAIN, username: u, password: {{name: kafka-sasl, key: password}}{extra}}}\n"
+            ),
+        )
+    };
+    let err = cp
+        .kubectl(
+            &["-n", NS, "apply", "--dry-run=server", "-f", "-"],
+            Some(&plain("")),
+        )
+        .expect_err("admission must refuse PLAIN without TLS");
+    ensure!(
+        err.to_string().contains("sendPasswordInClear: true"),
+        "{err}"
+    );
+    cp.kubectl(
+        &["-n", NS, "apply", "--dry-run=server", "-f", "-"],
+        Some(&plain(", sendPasswordInClear: true")),
+    )
+    .context("PLAIN in clear, said so")?;
 
     // Deleting the apps deletes their internal topics through the secured listeners.
     for (app, _) in &apps {

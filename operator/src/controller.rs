@@ -509,6 +509,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     let kafka_facts = async {
         match &conn {
             Ok(conn) => kafka::facts(conn).await,
+            Err(e @ kafka::CredentialsError::NotAllowed { .. }) => {
+                KafkaFacts::CredentialsNotAllowed(e.to_string())
+            }
             Err(e) => KafkaFacts::CredentialsMissing(e.to_string()),
         }
     };

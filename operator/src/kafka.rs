@@ -79,6 +79,16 @@ pub enum CredentialsError {
         key: String,
     },
     #[error(
+        "spec.{field}: secret {namespace}/{name} may not be used by this app: {why}; if this app may send it to its brokers, `kubectl -n {namespace} label secret {name} {label}=true` (see docs/operator.md, \"Secured Kafka\")",
+        label = eddy_crds::security::CREDENTIAL_LABEL
+    )]
+    NotAllowed {
+        field: &'static str,
+        namespace: String,
+        name: String,
+        why: String,
+    },
+    #[error(
         "spec.{field}: the operator may not read secret {namespace}/{name}: grant its ServiceAccount `get` on secrets (the chart's ClusterRole does)"
     )]
     Forbidden {
@@ -117,7 +127,23 @@ pub async fn connect(
             Source::Secret(r) => {
                 if !secrets.contains_key(r.name.as_str()) {
                     let data = match api.get_opt(&r.name).await {
-                        Ok(Some(secret)) => secret.data.unwrap_or_default(),
+                        Ok(Some(secret)) => {
+                            let m = &secret.metadata;
+                            let servers = spec.kafka.bootstrap_servers.as_deref().unwrap_or("");
+                            if let Some(why) = eddy_crds::security::credential_refusal(
+                                m.labels.as_ref(),
+                                m.annotations.as_ref(),
+                                servers,
+                            ) {
+                                return Err(CredentialsError::NotAllowed {
+                                    field,
+                                    namespace: namespace.into(),
+                                    name: r.name.clone(),
+                                    why,
+                                });
+                            }
+                            secret.data.unwrap_or_default()
+                        }
                         Ok(None) => {
                             return Err(CredentialsError::SecretMissing {
                                 field,

@@ -24,6 +24,8 @@ pub enum KafkaFacts {
     Unreachable(String),
     /// A Secret (or a key of it) that `spec.kafka.tls`/`sasl` names is missing.
     CredentialsMissing(String),
+    /// A Secret that `spec.kafka.tls`/`sasl` names may not be this app's credential.
+    CredentialsNotAllowed(String),
 }
 
 /// What the cluster shows.
@@ -266,8 +268,16 @@ pub fn reconcile_with(
             KafkaFacts::Unreachable(e) => {
                 problems.push(Problem::new(Reason::KafkaUnreachable, e.clone()))
             }
+            // No pod may name a Secret the operator has not seen allowed: a missing one could
+            // appear later without the label, and the kubelet would hand it to the worker. The
+            // objects stay as they are (none is made), as for an invalid spec.
             KafkaFacts::CredentialsMissing(e) => {
-                problems.push(Problem::new(Reason::KafkaCredentialsMissing, e.clone()))
+                problems.push(Problem::new(Reason::KafkaCredentialsMissing, e.clone()));
+                objects = None;
+            }
+            KafkaFacts::CredentialsNotAllowed(e) => {
+                problems.push(Problem::new(Reason::KafkaCredentialsNotAllowed, e.clone()));
+                objects = None;
             }
             KafkaFacts::Topics(existing) => {
                 let layout = topics::layout(&application_id, &app.spec);
@@ -1824,7 +1834,7 @@ mod tests {
     fn a_literal_sasl_username_is_plain_environment_the_password_a_secret_ref() {
         let with = app(&PV.replace(
             "replicas: 2\n",
-            "replicas: 2\n  kafka:\n    sasl: {mechanism: PLAIN, username: alice, password: {secretKeyRef: {name: creds, key: pass}}}\n",
+            "replicas: 2\n  kafka:\n    sasl: {mechanism: SCRAM-SHA-512, username: alice, password: {secretKeyRef: {name: creds, key: pass}}}\n",
         ));
         let d = reconcile(&with, &Observed::default(), &kafka(&[("views", 2)]), "t0");
         let pod = d
@@ -1880,7 +1890,32 @@ mod tests {
         assert_eq!(reason, "KafkaCredentialsMissing");
         assert!(message.contains("ns/creds"), "{message}");
         assert!(d.topics.is_empty() && d.status.assignment.is_none());
+        assert!(
+            d.objects.is_none(),
+            "no pod names a Secret that may appear later without the label"
+        );
         assert_eq!(d.events.len(), 1);
+    }
+
+    #[test]
+    fn a_secret_not_allowed_as_a_credential_makes_no_pod_that_names_it() {
+        let d = reconcile(
+            &app(PV),
+            &Observed::default(),
+            &KafkaFacts::CredentialsNotAllowed(
+                "spec.kafka.sasl.password: secret ns/creds may not be used by this app".into(),
+            ),
+            "t0",
+        );
+        assert_eq!(d.status.phase, Some(Phase::Degraded));
+        let (reason, message) = degraded(&d);
+        assert_eq!(reason, "KafkaCredentialsNotAllowed");
+        assert!(message.contains("ns/creds"), "{message}");
+        assert!(
+            d.objects.is_none(),
+            "no object is made or changed: a StatefulSet would name the Secret"
+        );
+        assert!(d.topics.is_empty() && d.status.assignment.is_none());
     }
 
     #[test]

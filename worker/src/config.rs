@@ -360,7 +360,7 @@ mod tests {
         assert_eq!(c.security["security.protocol"], "ssl");
         c.check_credentials().expect("no Secret named");
         // A Secret's value: `check` and the query CLI read the file without it, `run` refuses.
-        let sasl = "  sasl: {mechanism: PLAIN, username: u, password: {name: c, key: p}}\n";
+        let sasl = "  sasl: {mechanism: PLAIN, username: u, password: {name: c, key: p}, sendPasswordInClear: true}\n";
         let e = config(sasl, &[])
             .check_credentials()
             .expect_err("the password is in a Secret");

@@ -20,6 +20,9 @@ pub enum Reason {
     KafkaUnreachable,
     /// A Secret (or key) named by `spec.kafka.tls` / `spec.kafka.sasl` is missing or unreadable.
     KafkaCredentialsMissing,
+    /// A Secret named by `spec.kafka.tls` / `spec.kafka.sasl` is not allowed as this app's
+    /// Kafka credential (not labelled for it, or its brokers annotation leaves the app's out).
+    KafkaCredentialsNotAllowed,
     /// A worker cannot reach Kafka, or its transactions fail; it retries from its last commit.
     WorkerKafkaUnavailable,
     /// A worker cannot write its state directory (disk full, I/O errors); it retries.
@@ -44,6 +47,7 @@ impl Reason {
             Reason::ApplyFailed => "ApplyFailed",
             Reason::KafkaUnreachable => "KafkaUnreachable",
             Reason::KafkaCredentialsMissing => "KafkaCredentialsMissing",
+            Reason::KafkaCredentialsNotAllowed => "KafkaCredentialsNotAllowed",
             Reason::WorkerKafkaUnavailable => "WorkerKafkaUnavailable",
             Reason::StateStoreUnavailable => "StateStoreUnavailable",
             Reason::WorkerApiServerUnreachable => "WorkerApiServerUnreachable",
