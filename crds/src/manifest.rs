@@ -871,6 +871,12 @@ fn check_transactions(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError>
 /// Credentials come from Secrets only, so none lands in the app's ConfigMap or status.
 fn check_kafka(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
     for key in spec.kafka.properties.keys() {
+        if security::BROKER_PROPERTIES.contains(&key.as_str()) {
+            return Err(invalid(
+                format!("{prefix}kafka.properties[{key:?}]"),
+                "says where the brokers are, which is kafka.bootstrapServers' job (a Secret's eddy.dev/kafka-brokers annotation is checked against it): use kafka.bootstrapServers",
+            ));
+        }
         if let Some((_, instead)) = security::CREDENTIAL_PROPERTIES
             .iter()
             .find(|(p, _)| p == key)

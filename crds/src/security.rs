@@ -153,7 +153,10 @@ pub fn security_protocol(tls: bool, sasl: bool) -> Option<&'static str> {
 }
 
 /// The password goes to the brokers in clear: SASL `PLAIN` without TLS, as the client will
-/// connect (`kafka.properties` win over `tls` and `sasl`, as in every client).
+/// connect (`kafka.properties` win over `tls` and `sasl`, as in every client). A `PLAIN`
+/// client without a `tls` block counts as plaintext whatever the properties say, as the
+/// CRD's admission rule (which does not read them) sees it: write `tls: {}` for TLS with the
+/// system's CAs.
 pub fn password_in_clear(kafka: &KafkaSpec) -> bool {
     let Some(sasl) = &kafka.sasl else {
         return false;
@@ -170,7 +173,7 @@ pub fn password_in_clear(kafka: &KafkaSpec) -> bool {
         .unwrap_or_else(|| sasl.mechanism.as_str().to_string());
     let protocol = property("security.protocol")
         .or_else(|| security_protocol(kafka.tls.is_some(), true).map(str::to_ascii_uppercase));
-    mechanism == "PLAIN" && protocol.as_deref() == Some("SASL_PLAINTEXT")
+    mechanism == "PLAIN" && (kafka.tls.is_none() || protocol.as_deref() == Some("SASL_PLAINTEXT"))
 }
 
 /// What `spec.kafka.tls` and `spec.kafka.sasl` ask of a client. `tls: {}` alone means TLS
@@ -232,10 +235,11 @@ pub fn credential_refusal(
     }
     let allowed = annotations.and_then(|a| a.get(BROKERS_ANNOTATION))?;
     let allowed: Vec<&str> = allowed.split(',').map(str::trim).collect();
+    let known: Vec<String> = allowed.iter().map(|s| broker(s)).collect();
     let outside: Vec<&str> = bootstrap_servers
         .split(',')
         .map(str::trim)
-        .filter(|s| !s.is_empty() && !allowed.contains(s))
+        .filter(|s| !s.is_empty() && !known.contains(&broker(s)))
         .collect();
     (!outside.is_empty()).then(|| {
         format!(
@@ -245,6 +249,22 @@ pub fn credential_refusal(
         )
     })
 }
+
+/// A broker as librdkafka reads it, for comparing: no `proto://`, no trailing dot on the
+/// host, lower case (host names are case-insensitive).
+fn broker(s: &str) -> String {
+    let s = s.rsplit_once("://").map_or(s, |(_, rest)| rest);
+    let s = match s.rsplit_once(':') {
+        Some((host, port)) => format!("{}:{port}", host.trim_end_matches('.')),
+        None => s.trim_end_matches('.').to_string(),
+    };
+    s.to_ascii_lowercase()
+}
+
+/// librdkafka properties that say where the brokers are, refused in `kafka.properties`:
+/// `kafka.bootstrapServers` is where, and what a Secret's brokers annotation is checked
+/// against.
+pub const BROKER_PROPERTIES: &[&str] = &["bootstrap.servers", "metadata.broker.list"];
 
 /// librdkafka properties that hold credentials, refused in `kafka.properties` (they would be
 /// stored in the app's ConfigMap, readable by anyone who may read it), with what to use
@@ -455,6 +475,15 @@ mod tests {
             credential_refusal(Some(&labelled), Some(&brokers), servers),
             None
         );
+        // Written another way, the same brokers.
+        assert_eq!(
+            credential_refusal(
+                Some(&labelled),
+                Some(&brokers),
+                "K1.:9093,SASL_SSL://k2:9093"
+            ),
+            None
+        );
         let why = credential_refusal(Some(&labelled), Some(&brokers), "k1:9093,evil.example:9092")
             .expect("a broker outside the annotation");
         assert!(
@@ -501,10 +530,9 @@ mod tests {
             false,
             &[("sasl.mechanisms", "plain")]
         )));
-        assert!(!password_in_clear(&kafka(
-            plain,
-            false,
-            &[("security.protocol", "SASL_SSL")]
-        )));
+        assert!(
+            password_in_clear(&kafka(plain, false, &[("security.protocol", "SASL_SSL")])),
+            "TLS only through the properties: as admission sees it, write tls: {{}}"
+        );
     }
 }

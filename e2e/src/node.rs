@@ -308,7 +308,10 @@ volumeBindingMode: WaitForFirstConsumer
     pub fn app_status(&self, ns: &str, app: &str) -> Result<eddy_crds::resource::AppStatus> {
         let json = self.kubectl(&["-n", ns, "get", "ssapp", app, "-o", "json"], None)?;
         let v: serde_json::Value = serde_json::from_str(&json).context("the app's JSON")?;
-        Ok(serde_json::from_value(v["status"].clone()).unwrap_or_default())
+        if v["status"].is_null() {
+            return Ok(Default::default());
+        }
+        serde_json::from_value(v["status"].clone()).context("the app's status")
     }
 
     fn apply_cluster(&self, yaml: &str) -> Result<()> {

@@ -516,8 +516,9 @@ fn a_deleted_pods_tasks_resume_on_its_standby_while_it_cannot_come_back() -> Res
         let held = status.assignment.and_then(|a| a.pods.get(pod).cloned());
         Ok(held.map(|t| (t.active, t.standby)).unwrap_or_default())
     };
-    let (mut moved, _) = tasks(env, &gone)?;
+    let mut moved = Vec::new();
     wait_until(WAIT, || {
+        (moved, _) = tasks(env, &gone)?;
         let (_, standby) = tasks(env, &other)?;
         Ok(!moved.is_empty() && moved.iter().all(|t| standby.contains(t)))
     })
@@ -566,6 +567,20 @@ fn a_deleted_pods_tasks_resume_on_its_standby_while_it_cannot_come_back() -> Res
 
     // The quota lifted, the pod comes back on its volume, and the app counts on exactly.
     env.kubectl(&["-n", ns, "delete", "quota", "one-pod"], None)?;
+    // The StatefulSet controller retries the refused pod with a growing back-off; a change
+    // of the StatefulSet makes it try at once.
+    env.kubectl(
+        &[
+            "-n",
+            ns,
+            "annotate",
+            "--overwrite",
+            "statefulset",
+            &app,
+            "e2e.eddy.dev/quota-lifted=true",
+        ],
+        None,
+    )?;
     wait_until(WAIT, || Ok(running(env, ns, &app, 2))).with_context(|| env.diagnostics(ns))?;
     produce_counts(&input, 2000, 20)?;
     wait_until(WAIT, || counted_exactly(&output, 20, 300)).with_context(|| env.diagnostics(ns))?;

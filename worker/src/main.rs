@@ -417,6 +417,11 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     let link = link.map(|mut l| {
         if a.query_peers == QueryPeers::Reported {
             l.peers = eddy_worker::query::locate::PeerAddressing::Reported;
+        } else if let Some(addr) = &a.advertised_query_addr {
+            tracing::warn!(
+                "--advertised-query-addr {addr} is reported, but the other workers forward to this pod's name in the headless Service ({}); --query-peers reported makes them use reported addresses",
+                eddy_crds::query::pod_query_address(&l.app, &l.pod, &l.namespace)
+            );
         }
         l
     });
@@ -528,10 +533,11 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     let result = worker
         .join()
         .map_err(|_| anyhow::anyhow!("the processing thread panicked"))?;
-    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Queries stop first: nothing answers from a worker that no longer reports.
     if let Some(qrt) = query_rt {
         qrt.shutdown_timeout(std::time::Duration::from_secs(1));
     }
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
     result.map_err(|e| match e.hint() {
         Some(hint) => anyhow::Error::new(e).context(format!("stopped ({hint})")),
         None => e.into(),

@@ -9,6 +9,9 @@
 //!   connection open doing nothing, is cut off.
 //! - A request's head is at most [`MAX_HEAD_BYTES`] (hyper's read buffer): a longer one is
 //!   refused before any handler runs.
+//! - A connection lives at most [`MAX_CONNECTION_LIFETIME`]: then it finishes the request in
+//!   hand (for up to [`CLOSE_GRACE`]) and closes, so a client that never reads its answer
+//!   does not hold its place for good.
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -21,6 +24,8 @@ use tokio::sync::Semaphore;
 pub const MAX_CONNECTIONS: usize = 512;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
+pub const MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
 
 /// Serve `app` on `listener` until the runtime stops (`what` names it in logs).
 pub async fn serve(listener: TcpListener, app: Router, what: &'static str) {
@@ -62,7 +67,15 @@ pub async fn serve_with(
                 .header_read_timeout(header_read_timeout)
                 .max_buf_size(MAX_HEAD_BYTES)
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                r = connection.as_mut() => Some(r),
+                () = tokio::time::sleep(MAX_CONNECTION_LIFETIME) => {
+                    connection.as_mut().graceful_shutdown();
+                    tokio::time::timeout(CLOSE_GRACE, connection.as_mut()).await.ok()
+                }
+            };
+            if let Some(Err(e)) = ended {
                 tracing::debug!("{what} server: connection ended: {e}");
             }
         });

@@ -730,7 +730,7 @@ async fn local_global(
     .map_err(internal)?
 }
 
-/// Ask `pod` the same request and pass its answer on (its errors too, retry-after included).
+/// Ask `pod` the same request and pass its answer on (its refusals as [`peer_problem`] says).
 async fn forward<T: serde::de::DeserializeOwned>(
     api: &Api,
     pod: &str,

@@ -25,7 +25,9 @@ pub fn client() -> HttpClient {
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(2)));
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
+        // Below the servers' idle cut-off (`server::HEADER_READ_TIMEOUT`): a pooled connection
+        // is never one the peer is closing.
+        .pool_idle_timeout(Duration::from_secs(5))
         .build(connector)
 }
 
