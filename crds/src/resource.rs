@@ -175,8 +175,9 @@ pub struct WorkerStatus {
     /// process (every worker holds every global table; the app's `backlog` counts these).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub global_backlog: i64,
-    /// Where other workers forward the queries this worker answers (`host:port`); absent
-    /// when its query API is switched off.
+    /// Where this worker answers queries (`host:port`); absent when its query API is switched
+    /// off. Under the operator other workers forward to the pod's name in the headless
+    /// Service instead: this only says that the pod serves queries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query_address: Option<String>,
 }
@@ -269,8 +270,8 @@ pub fn crd() -> CustomResourceDefinition {
     warmup["maxWarmupReplicas"]["minimum"] = json!(1);
     warmup["acceptableRecoveryLag"]["minimum"] = json!(0);
     schema["properties"]["kafka"]["properties"]["properties"] = kafka_properties_schema();
-    // As `manifest::check_kafka` says, less what `kafka.properties` change (the operator
-    // checks those): no password in clear unless the app says so.
+    // As `manifest::check_kafka` says, less what `kafka.properties` turn off (the operator
+    // and the worker check those): no password in clear unless the app says so.
     schema["properties"]["kafka"]["x-kubernetes-validations"] = json!([{
         "rule": "!has(self.sasl) || self.sasl.mechanism != 'PLAIN' || has(self.tls) || (has(self.sasl.sendPasswordInClear) && self.sasl.sendPasswordInClear)",
         "message": "kafka.sasl.mechanism: PLAIN without TLS sends the password to the brokers in clear, for anyone on the network path to read: add kafka.tls, use SCRAM-SHA-512, or set kafka.sasl.sendPasswordInClear: true",
@@ -282,6 +283,7 @@ pub fn crd() -> CustomResourceDefinition {
             values.retain(|v| v != "windowed");
         }
     }
+    schema["properties"]["queries"]["properties"]["from"]["maxItems"] = json!(64);
     // Kubernetes knows int32/int64 only; schemars writes Rust's unsigned widths.
     fix_formats(schema);
     let topology = &mut schema["properties"]["topology"];
@@ -366,6 +368,19 @@ fn kafka_properties_schema() -> Value {
             "message": format!(
                 "kafka.properties must not hold credentials ({}): they would be stored in the app's ConfigMap; use kafka.sasl and kafka.tls, which read them from Secrets",
                 names.join(", ")
+            ),
+        }, {
+            "rule": format!(
+                "self.all(k, !(k in [{}]))",
+                crate::security::BROKER_PROPERTIES
+                    .iter()
+                    .map(|p| format!("'{p}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            "message": format!(
+                "kafka.properties must not say where the brokers are ({}): use kafka.bootstrapServers",
+                crate::security::BROKER_PROPERTIES.join(", ")
             ),
         }],
     })

@@ -442,6 +442,13 @@ pub struct QueriesSpec {
     /// true). Off: no Service, and the workers answer no query.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// Who may reach the query port besides the app's own pods (they forward to each other),
+    /// as a NetworkPolicy's `from` peers: e.g. `[{podSelector: {matchLabels: {role: web}}}]`.
+    /// The operator makes a NetworkPolicy `<name>-query` admitting only them to port 9091 of
+    /// the app's pods (every other port stays open). Empty: only the app's own pods. Operator
+    /// only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>,
 }
 
 impl AppSpec {

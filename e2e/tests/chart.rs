@@ -120,10 +120,6 @@ const ALL_ON: &[&str] = &[
     "monitoring.dashboard.enabled=true",
     "--set",
     "rbac.aggregateToDefaultRoles=true",
-    "--set",
-    "queries.networkPolicy.enabled=true",
-    "--set",
-    "queries.networkPolicy.from[0].podSelector.matchLabels.role=frontend",
 ];
 
 #[test]
@@ -154,30 +150,23 @@ fn the_chart_with_every_toggle_on_passes_a_server_side_dry_run() -> Result<()> {
             "ClusterRole",
             "Role",
             "RoleBinding",
-            "NetworkPolicy",
         ] {
             ensure!(kinds.contains(kind), "no {kind} with {args:?}: {kinds:?}");
         }
-        // Queries reach the workers only from the workers and the peers named; metrics from all.
-        let policy = find(&objects, "NetworkPolicy", "t-eddy-operator-worker-queries")
-            .context("NetworkPolicy")?;
-        let policy_ns = if watch { "watched-b" } else { OPERATOR_NS };
+        // Who may query is each app's (the operator's NetworkPolicy), not the chart's.
         ensure!(
-            policy["metadata"]["namespace"] == policy_ns,
-            "the query NetworkPolicy's namespace: {}",
-            policy["metadata"]
+            !kinds.contains("NetworkPolicy"),
+            "the chart renders a NetworkPolicy: {kinds:?}"
         );
-        let rules = &policy["spec"]["ingress"];
-        ensure!(
-            rules[0]["ports"][0]["port"] == 9090 && rules[0]["from"].is_null(),
-            "metrics are not open to all: {rules}"
+        let old = chart::template(
+            &env.cp,
+            OPERATOR_NS,
+            &["--set", "queries.networkPolicy.enabled=true"],
         );
         ensure!(
-            rules[1]["ports"][0]["port"] == 9091
-                && rules[1]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
-                    == "eddy-worker"
-                && rules[1]["from"][1]["podSelector"]["matchLabels"]["role"] == "frontend",
-            "queries are not limited to the workers and the peers named: {rules}"
+            old.as_ref()
+                .is_err_and(|e| format!("{e:#}").contains("queries.networkPolicy is gone")),
+            "the chart's old query policy: {old:?}"
         );
         for role in ["t-eddy-operator-edit", "t-eddy-operator-view"] {
             ensure!(find(&objects, "ClusterRole", role).is_some(), "no {role}");

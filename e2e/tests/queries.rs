@@ -1,6 +1,7 @@
 //! Interactive queries end to end: apps under the operator on a real control plane and a real
 //! broker, every worker pod serving the query API (each pod's address is the pod runner's
-//! annotation; other workers forward to the address each worker reports in the status).
+//! annotation; other workers forward to the address each worker reports in the status, as
+//! the runner sets `EDDY_QUERY_PEERS=reported`).
 //!
 //! What a user would notice: every pod answers every key with the value the output topic
 //! holds last, and the app's `<name>-query` Service exists; during a scale-out an answer is
@@ -35,6 +36,7 @@ spec:
   cleanupPolicy: Delete
   processingGuarantee: exactly_once
   commitIntervalMs: 100
+  queries: {{from: [{{podSelector: {{matchLabels: {{role: web}}}}}}]}}
   topology:
     - from: {{topic: {input}}}
     - count: {{store: counts}}
@@ -153,6 +155,24 @@ fn every_pod_answers_every_key_with_the_output_topics_latest_value() -> Result<(
     ensure!(
         service == "9091",
         "the iq-query Service's port: {service:?}"
+    );
+    // Who may query: the app's own pods and the peers the app names, on 9091 only.
+    let policy: serde_json::Value = serde_json::from_str(&env.kubectl(
+        &["-n", ns, "get", "networkpolicy", "iq-query", "-o", "json"],
+        None,
+    )?)?;
+    let spec = &policy["spec"];
+    let own = &spec["podSelector"]["matchLabels"];
+    let rules = &spec["ingress"];
+    ensure!(
+        own["app.kubernetes.io/instance"] == "iq"
+            && rules[0]["ports"][0]["port"] == 9091
+            && rules[0]["from"][0]["podSelector"]["matchLabels"] == *own
+            && rules[0]["from"][1]["podSelector"]["matchLabels"]["role"] == "web"
+            && rules[1]["from"].is_null()
+            && rules[1]["ports"][0]["endPort"] == 9090
+            && rules[1]["ports"][1]["port"] == 9092,
+        "the iq-query NetworkPolicy: {spec}"
     );
     let pods = query_addresses(env, ns, "iq");
     let mut answered_by: HashMap<String, usize> = HashMap::new();
@@ -454,23 +474,101 @@ fn queries_switched_off_remove_the_service_and_the_api() -> Result<()> {
     let on = app_yaml("iqo", 1, &input, &output)?;
     env.apply(ns, &on)?;
     wait_running(env, ns, "iqo", 1)?;
-    ensure!(
-        env.get(ns, "service/iqo-query", "{.metadata.name}") == "iqo-query",
-        "no query Service while queries are on"
+    for what in ["service", "networkpolicy"] {
+        ensure!(
+            env.get(ns, &format!("{what}/iqo-query"), "{.metadata.name}") == "iqo-query",
+            "no query {what} while queries are on"
+        );
+    }
+    let off = on.replace(
+        "  queries: {from: [{podSelector: {matchLabels: {role: web}}}]}",
+        "  queries: {enabled: false}",
     );
-    let off = on.replace("  topology:", "  queries: {enabled: false}\n  topology:");
+    ensure!(off != on, "the app file has no queries line to switch off");
     env.apply(ns, &off)?;
     wait_until(WAIT, || {
         let v = env.app_json(ns, "iqo")?;
         let reports_address = v["status"]["workers"]["iqo-0"]["queryAddress"].is_string();
-        let gone = env
-            .get(ns, "service/iqo-query", "{.metadata.name}")
-            .is_empty();
+        let gone = ["service", "networkpolicy"].iter().all(|what| {
+            env.get(ns, &format!("{what}/iqo-query"), "{.metadata.name}")
+                .is_empty()
+        });
         // The rolled pod has no query port (the runner gives one to EDDY_QUERY_ADDR only).
         let port = query_addresses(env, ns, "iqo");
         Ok(gone && !reports_address && port.is_empty())
     })
     .with_context(|| format!("queries did not go\n{}", env.logs()))?;
     env.delete_apps(ns)?;
+    Ok(())
+}
+
+/// A flood of connections that send their request heads a byte at a time, more than a
+/// worker's query server keeps open, for twice its header timeout: the worker's status
+/// reports keep arriving (its heartbeat, every 5 s), it is not failed over, and once the
+/// flood stops it answers again.
+#[test]
+fn a_flood_of_slow_connections_neither_silences_the_worker_nor_stops_its_answers() -> Result<()> {
+    use std::io::Write as _;
+    use std::net::TcpStream;
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let app = "iqflood";
+    let (input, output) = (space.topic("iqf-in", 2)?, space.topic("iqf-out", 2)?);
+    env.apply(ns, &app_yaml(app, 2, &input, &output)?)?;
+    wait_running(env, ns, app, 2)?;
+    produce_rounds(&input, 1)?;
+    wait_output(env, &output, 1)?;
+    let pods = query_addresses(env, ns, app);
+    let (pod, addr) = pods.iter().next().context("a pod")?;
+    let generation = env.app_json(ns, app)?["status"]["assignment"]["generation"].as_i64();
+
+    const FLOOD: usize = 600;
+    let head = b"GET /stores/counts/keys/k1 HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let connect = || -> Result<TcpStream> {
+        let c = TcpStream::connect(addr)?;
+        c.set_nonblocking(true)?;
+        Ok(c)
+    };
+    let mut flood = (0..FLOOD).map(|_| connect()).collect::<Result<Vec<_>>>()?;
+    let mut reports = std::collections::BTreeSet::new();
+    let (started, mut byte, mut cut) = (std::time::Instant::now(), 0, 0);
+    while started.elapsed() < Duration::from_secs(22) {
+        // One more byte on each; a connection the server closed is opened again.
+        for c in flood.iter_mut() {
+            if c.write(&head[byte % head.len()..][..1]).is_err() {
+                cut += 1;
+                *c = connect()?;
+            }
+        }
+        byte += 1;
+        let v = env.app_json(ns, app)?;
+        if let Some(u) = v["status"]["workers"][pod.as_str()]["updated"].as_str() {
+            reports.insert(u.to_string());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    ensure!(
+        reports.len() >= 3,
+        "{pod} reported {} times in 22 s of the flood: {reports:?}",
+        reports.len()
+    );
+    ensure!(
+        cut > 0,
+        "the server cut off none of {FLOOD} slow connections"
+    );
+    let after = env.app_json(ns, app)?;
+    ensure!(
+        after["status"]["assignment"]["generation"].as_i64() == generation,
+        "the assignment changed during the flood: {}",
+        after["status"]["assignment"]
+    );
+    drop(flood);
+    let mut last = None;
+    wait_until(Duration::from_secs(30), || {
+        last = Some(ask(addr, "k1", "")?);
+        Ok(matches!(&last, Some(Ok(a)) if a.value == 1))
+    })
+    .with_context(|| format!("{pod} after the flood: {last:?}"))?;
     Ok(())
 }

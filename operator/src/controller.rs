@@ -17,6 +17,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -118,6 +119,7 @@ pub struct OwnedCache {
     role_bindings: Store<PartialObjectMeta<RoleBinding>>,
     config_maps: Store<PartialObjectMeta<ConfigMap>>,
     services: Store<PartialObjectMeta<Service>>,
+    network_policies: Store<PartialObjectMeta<NetworkPolicy>>,
     pdbs: Store<PartialObjectMeta<PodDisruptionBudget>>,
 }
 
@@ -130,6 +132,7 @@ impl OwnedCache {
             role_bindings: cache(client, ns),
             config_maps: cache(client, ns),
             services: cache(client, ns),
+            network_policies: cache(client, ns),
             pdbs: cache(client, ns),
         }
     }
@@ -149,6 +152,7 @@ impl OwnedCache {
             Kind::RoleBinding => one(&self.role_bindings, ns, name),
             Kind::ConfigMap => one(&self.config_maps, ns, name),
             Kind::Service | Kind::QueryService => one(&self.services, ns, name),
+            Kind::NetworkPolicy => one(&self.network_policies, ns, name),
             Kind::PodDisruptionBudget => one(&self.pdbs, ns, name),
             Kind::StatefulSet => None,
         }
@@ -190,6 +194,7 @@ fn api_resource(kind: Kind) -> ApiResource {
         Kind::RoleBinding => ApiResource::erase::<RoleBinding>(&()),
         Kind::ConfigMap => ApiResource::erase::<ConfigMap>(&()),
         Kind::Service | Kind::QueryService => ApiResource::erase::<Service>(&()),
+        Kind::NetworkPolicy => ApiResource::erase::<NetworkPolicy>(&()),
         Kind::PodDisruptionBudget => ApiResource::erase::<PodDisruptionBudget>(&()),
         Kind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
     }
@@ -420,30 +425,32 @@ fn holder(meta: &ObjectMeta, app: &str) -> String {
     }
 }
 
-/// Queries switched off: the app's query Service goes (only if it is the app's own).
-async fn remove_query_service(
+/// Queries switched off: the app's query Service and NetworkPolicy go (only if they are the
+/// app's own).
+async fn remove_query_objects(
     ctx: &Ctx,
     ns: &str,
     app: &eddy_crds::resource::StatefulStreamApp,
     uid: &str,
 ) -> Result<(), Error> {
     let name = resources::query_service_name(app);
-    if !ctx
-        .owned
-        .get(Kind::QueryService, ns, &name)
-        .is_some_and(|m| controlled_by(&m, uid))
-    {
-        return Ok(());
-    }
-    let api: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    match api.delete(&name, &Default::default()).await {
-        Ok(_) => {
-            tracing::info!(service = %name, ns, "queries switched off: deleted the query Service");
-            Ok(())
+    for kind in [Kind::QueryService, Kind::NetworkPolicy] {
+        if !ctx
+            .owned
+            .get(kind, ns, &name)
+            .is_some_and(|m| controlled_by(&m, uid))
+        {
+            continue;
         }
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), ns, &api_resource(kind));
+        match api.delete(&name, &Default::default()).await {
+            Ok(_) => tracing::info!(%kind, %name, ns, "queries switched off: deleted"),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
     }
+    Ok(())
 }
 
 /// Whether an object of this app's may be applied: None when it is the app's own or does
@@ -588,7 +595,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         desired.add_problems(&prev, app.metadata.generation, refused, &now);
     }
     if !app.spec.queries_enabled() {
-        remove_query_service(ctx, &ns, &app, &uid).await?;
+        remove_query_objects(ctx, &ns, &app, &uid).await?;
     }
     patch_status(&ctx.client, raw, &desired.status).await?;
     ctx.metrics.set_app(

@@ -1898,6 +1898,55 @@ mod tests {
     }
 
     #[test]
+    fn the_query_port_admits_the_apps_own_pods_and_its_named_peers_only() {
+        let with = app(&PV.replace(
+            "replicas: 2\n",
+            "replicas: 2\n  queries: {from: [{podSelector: {matchLabels: {role: web}}}, {ipBlock: {cidr: 10.1.0.0/16}}]}\n",
+        ));
+        let d = reconcile(&with, &Observed::default(), &kafka(&[("views", 2)]), "t0");
+        let o = d.objects.expect("objects");
+        let policy =
+            serde_json::to_value(o.network_policy.expect("a NetworkPolicy")).expect("serializable");
+        assert_eq!(policy["metadata"]["name"], "pv-query");
+        let spec = &policy["spec"];
+        let own = serde_json::json!({"app.kubernetes.io/name": "eddy-worker", "app.kubernetes.io/instance": "pv"});
+        assert_eq!(spec["podSelector"]["matchLabels"], own);
+        assert_eq!(spec["policyTypes"], serde_json::json!(["Ingress"]));
+        let rules = spec["ingress"].as_array().expect("rules");
+        assert_eq!(rules.len(), 2);
+        assert_eq!(
+            rules[0],
+            serde_json::json!({
+                "from": [
+                    {"podSelector": {"matchLabels": own}},
+                    {"podSelector": {"matchLabels": {"role": "web"}}},
+                    {"ipBlock": {"cidr": "10.1.0.0/16"}},
+                ],
+                "ports": [{"port": 9091, "protocol": "TCP"}],
+            })
+        );
+        // Every other port, from anywhere: 9091 is the only one closed.
+        assert_eq!(
+            rules[1],
+            serde_json::json!({
+                "ports": [
+                    {"port": 1, "endPort": 9090, "protocol": "TCP"},
+                    {"port": 9092, "endPort": 65535, "protocol": "TCP"},
+                    {"protocol": "UDP"},
+                    {"protocol": "SCTP"},
+                ],
+            })
+        );
+        // Queries off: no policy (the controller deletes an existing one).
+        let off = app(&PV.replace(
+            "replicas: 2\n",
+            "replicas: 2\n  queries: {enabled: false}\n",
+        ));
+        let d = reconcile(&off, &Observed::default(), &kafka(&[("views", 2)]), "t0");
+        assert!(d.objects.expect("objects").network_policy.is_none());
+    }
+
+    #[test]
     fn a_secret_not_allowed_as_a_credential_makes_no_pod_that_names_it() {
         let d = reconcile(
             &app(PV),

@@ -19,6 +19,10 @@ use k8s_openapi::api::core::v1::{
     SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort,
     ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -51,6 +55,8 @@ pub enum Kind {
     Service,
     /// The ClusterIP Service clients send queries to (`spec.queries.enabled`).
     QueryService,
+    /// Who may reach the query port (`spec.queries.from`).
+    NetworkPolicy,
     PodDisruptionBudget,
     StatefulSet,
 }
@@ -63,6 +69,7 @@ impl Kind {
             Kind::RoleBinding => "RoleBinding",
             Kind::ConfigMap => "ConfigMap",
             Kind::Service | Kind::QueryService => "Service",
+            Kind::NetworkPolicy => "NetworkPolicy",
             Kind::PodDisruptionBudget => "PodDisruptionBudget",
             Kind::StatefulSet => "StatefulSet",
         }
@@ -97,6 +104,7 @@ pub fn object_names(app: &StatefulStreamApp) -> Vec<(Kind, String)> {
     ];
     if app.spec.queries_enabled() {
         names.push((Kind::QueryService, query_service_name(app)));
+        names.push((Kind::NetworkPolicy, query_service_name(app)));
     }
     names
 }
@@ -120,6 +128,8 @@ pub struct Objects {
     pub service: Service,
     /// None when the app's queries are switched off.
     pub query_service: Option<Service>,
+    /// None when the app's queries are switched off.
+    pub network_policy: Option<NetworkPolicy>,
     pub service_account: ServiceAccount,
     pub role: Role,
     pub role_binding: RoleBinding,
@@ -152,6 +162,9 @@ impl Objects {
         ];
         if let Some(q) = &self.query_service {
             all.push(one(Kind::QueryService, q)?);
+        }
+        if let Some(p) = &self.network_policy {
+            all.push(one(Kind::NetworkPolicy, p)?);
         }
         all.push(one(Kind::PodDisruptionBudget, &self.pdb)?);
         all.push(one(Kind::StatefulSet, &self.stateful_set)?);
@@ -238,6 +251,7 @@ pub fn build(
         config_map: config_map(app)?,
         service: service(app),
         query_service: app.spec.queries_enabled().then(|| query_service(app)),
+        network_policy: app.spec.queries_enabled().then(|| network_policy(app)),
         service_account: ServiceAccount {
             metadata: meta(app, worker_account(app)),
             ..Default::default()
@@ -301,6 +315,63 @@ fn query_service(app: &StatefulStreamApp) -> Service {
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// The query port of the app's pods admits only the app's own pods (they forward to each
+/// other) and `spec.queries.from`; every other port stays open to all (the kubelet's probes,
+/// Prometheus, a sidecar's), which a NetworkPolicy can only say as the port ranges around it.
+fn network_policy(app: &StatefulStreamApp) -> NetworkPolicy {
+    let own = NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(selector_labels(app)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut from = vec![own];
+    if let Some(q) = &app.spec.queries {
+        from.extend(q.from.iter().cloned());
+    }
+    let ports = |ranges: &[(i32, i32)]| -> Option<Vec<NetworkPolicyPort>> {
+        Some(
+            ranges
+                .iter()
+                .map(|&(port, end)| NetworkPolicyPort {
+                    port: Some(IntOrString::Int(port)),
+                    end_port: (end > port).then_some(end),
+                    protocol: Some("TCP".into()),
+                })
+                .collect(),
+        )
+    };
+    NetworkPolicy {
+        metadata: meta(app, query_service_name(app)),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(app)),
+                ..Default::default()
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(from),
+                    ports: ports(&[(QUERY_PORT, QUERY_PORT)]),
+                },
+                NetworkPolicyIngressRule {
+                    from: None,
+                    ports: ports(&[(1, QUERY_PORT - 1), (QUERY_PORT + 1, 65535)]).map(|mut p| {
+                        // Every port of the other protocols.
+                        p.extend(["UDP", "SCTP"].map(|protocol| NetworkPolicyPort {
+                            protocol: Some(protocol.into()),
+                            ..Default::default()
+                        }));
+                        p
+                    }),
+                },
+            ]),
+            ..Default::default()
+        }),
     }
 }
 
