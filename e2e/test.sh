@@ -30,12 +30,15 @@ k8s_bin=$("$root/e2e/k8s/cluster.sh" bin | tail -n 1)
 # Every toggle on (e2e/tests/chart.rs sends this through the API server's dry-run).
 all_on=(--set monitoring.serviceMonitor.enabled=true --set monitoring.podMonitor.enabled=true
   --set monitoring.dashboard.enabled=true --set rbac.aggregateToDefaultRoles=true
-  --set 'watchNamespaces={team-a,team-b}' --set queries.networkPolicy.enabled=true)
+  --set 'watchNamespaces={team-a,team-b}')
 "$k8s_bin/helm" lint charts/eddy-operator "${all_on[@]}"
 "$k8s_bin/helm" template t charts/eddy-operator --namespace eddy-system "${all_on[@]}" >/dev/null
 if "$k8s_bin/helm" template t charts/eddy-operator --set replicaCount=-1 >/dev/null 2>&1; then
   echo "values.schema.json must reject replicaCount=-1" >&2; exit 1
 fi
+# An upgrade reusing an older release's values (queries.networkPolicy off) still renders.
+"$k8s_bin/helm" template t charts/eddy-operator --set queries.networkPolicy.enabled=false \
+  --set 'queries.networkPolicy.from[0].podSelector.matchLabels.a=b' >/dev/null
 
 step "alert rules: promtool check rules and test rules, on files/alerts.yaml and the chart's PrometheusRule (promtool, and the Prometheus server e2e/tests/alerts.rs runs, built from their Go module, cached)"
 ./e2e/prometheus/check-alerts.sh "$k8s_bin/helm"
