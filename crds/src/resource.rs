@@ -96,6 +96,17 @@ pub struct Assignment {
     pub down: Vec<String>,
 }
 
+/// A Kubernetes DNS label (RFC 1123), as names of namespaces and of a StatefulSet's pods
+/// are: 1 to 63 lower-case letters, digits and `-`, starting and ending with a letter or digit.
+pub fn is_dns_label(name: &str) -> bool {
+    let b = name.as_bytes();
+    (1..=63).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
 /// Assignment generations the operator writes and a worker follows are below this: 2^53, the
 /// largest integer every JSON reader holds exactly. One new generation a second would take
 /// 285 million years to get there; a status beyond it was forged.
@@ -353,31 +364,28 @@ fn kafka_properties_schema() -> Value {
         .iter()
         .map(|(p, _)| *p)
         .collect();
-    let list = names
-        .iter()
-        .map(|p| format!("'{p}'"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    // A CEL rule refusing these keys.
+    let refuse = |keys: &[&str]| {
+        let list = keys
+            .iter()
+            .map(|p| format!("'{p}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("self.all(k, !(k in [{list}]))")
+    };
     json!({
         "type": "object",
         "description": "Extra librdkafka client properties, applied to every client. No credentials: use kafka.tls and kafka.sasl, which read them from Secrets.",
         "additionalProperties": {"type": "string"},
         "maxProperties": 128,
         "x-kubernetes-validations": [{
-            "rule": format!("self.all(k, !(k in [{list}]))"),
+            "rule": refuse(&names),
             "message": format!(
                 "kafka.properties must not hold credentials ({}): they would be stored in the app's ConfigMap; use kafka.sasl and kafka.tls, which read them from Secrets",
                 names.join(", ")
             ),
         }, {
-            "rule": format!(
-                "self.all(k, !(k in [{}]))",
-                crate::security::BROKER_PROPERTIES
-                    .iter()
-                    .map(|p| format!("'{p}'"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            "rule": refuse(crate::security::BROKER_PROPERTIES),
             "message": format!(
                 "kafka.properties must not say where the brokers are ({}): use kafka.bootstrapServers",
                 crate::security::BROKER_PROPERTIES.join(", ")

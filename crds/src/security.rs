@@ -164,16 +164,16 @@ pub fn password_in_clear(kafka: &KafkaSpec) -> bool {
     let property = |name: &str| {
         kafka
             .properties
-            .iter()
-            .find(|(k, _)| k.as_str() == name)
-            .map(|(_, v)| v.trim().to_ascii_uppercase())
+            .get(name)
+            .map(|v| v.trim().to_ascii_uppercase())
     };
     let mechanism = property("sasl.mechanisms")
         .or_else(|| property("sasl.mechanism"))
         .unwrap_or_else(|| sasl.mechanism.as_str().to_string());
-    let protocol = property("security.protocol")
-        .or_else(|| security_protocol(kafka.tls.is_some(), true).map(str::to_ascii_uppercase));
-    mechanism == "PLAIN" && (kafka.tls.is_none() || protocol.as_deref() == Some("SASL_PLAINTEXT"))
+    // With a `tls` block the protocol is sasl_ssl unless the properties say otherwise.
+    mechanism == "PLAIN"
+        && (kafka.tls.is_none()
+            || property("security.protocol").as_deref() == Some("SASL_PLAINTEXT"))
 }
 
 /// What `spec.kafka.tls` and `spec.kafka.sasl` ask of a client. `tls: {}` alone means TLS

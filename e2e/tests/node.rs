@@ -511,15 +511,23 @@ fn a_deleted_pods_tasks_resume_on_its_standby_while_it_cannot_come_back() -> Res
     } = counting(env, "standby", 2, "  numStandbyReplicas: 1\n")?;
     let ns = space.name.as_str();
     let (gone, other) = (format!("{app}-0"), format!("{app}-1"));
-    let tasks = |env: &RealNode, pod: &str| -> Result<(Vec<String>, Vec<String>)> {
-        let status = env.app_status(ns, &app)?;
-        let held = status.assignment.and_then(|a| a.pods.get(pod).cloned());
-        Ok(held.map(|t| (t.active, t.standby)).unwrap_or_default())
+    // The active and standby tasks of each pod, from one read of the assignment.
+    let tasks = |env: &RealNode| -> Result<[(Vec<String>, Vec<String>); 2]> {
+        let pods = env
+            .app_status(ns, &app)?
+            .assignment
+            .unwrap_or_default()
+            .pods;
+        Ok([&gone, &other].map(|pod| {
+            pods.get(pod.as_str())
+                .map(|t| (t.active.clone(), t.standby.clone()))
+                .unwrap_or_default()
+        }))
     };
     let mut moved = Vec::new();
     wait_until(WAIT, || {
-        (moved, _) = tasks(env, &gone)?;
-        let (_, standby) = tasks(env, &other)?;
+        let [(active, _), (_, standby)] = tasks(env)?;
+        moved = active;
         Ok(!moved.is_empty() && moved.iter().all(|t| standby.contains(t)))
     })
     .with_context(|| format!("{other} keeps no standby of {gone}'s tasks {moved:?}"))?;
@@ -548,7 +556,7 @@ fn a_deleted_pods_tasks_resume_on_its_standby_while_it_cannot_come_back() -> Res
     )?;
     produce_counts(&input, 2000, 20)?;
     wait_until(WAIT, || counted_exactly(&output, 20, 200)).with_context(|| env.diagnostics(ns))?;
-    let (mut active, _) = tasks(env, &other)?;
+    let [_, (mut active, _)] = tasks(env)?;
     moved.sort();
     active.sort();
     ensure!(

@@ -225,13 +225,7 @@ impl Scope {
             if name.is_empty() || list.iter().any(|n| n == name) {
                 continue;
             }
-            let ok = name.len() <= 63
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !name.starts_with('-')
-                && !name.ends_with('-');
-            if !ok {
+            if !eddy_crds::resource::is_dns_label(name) {
                 return Err(BadNamespace(name.to_string()));
             }
             list.push(name.to_string());

@@ -40,7 +40,7 @@ impl PeerAddressing {
         };
         match self {
             PeerAddressing::Service { app, namespace } => {
-                if !is_dns_label(pod) {
+                if !eddy_crds::resource::is_dns_label(pod) {
                     return Err(format!("{pod:?} is not a pod name (a DNS label)"));
                 }
                 Ok(eddy_crds::query::pod_query_address(app, pod, namespace))
@@ -53,16 +53,6 @@ impl PeerAddressing {
             },
         }
     }
-}
-
-/// A lower-case RFC 1123 label, as pod names are.
-fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    (1..=63).contains(&b.len())
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b.first().is_some_and(u8::is_ascii_alphanumeric)
-        && b.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
 /// `host:port` and nothing else (no user, path, query or fragment): a DNS name, an IPv4
@@ -192,13 +182,11 @@ pub fn route(
     };
     let id = task.to_string();
     let down = &cluster.assignment.down;
-    // A copy of the task in `role`, running on `pod`: its lag and where to ask (or why not).
-    type Running = Option<(Option<i64>, Result<String, String>)>;
-    let running = |pod: &str, role: TaskRole| -> Running {
+    // Where to ask `pod` for its running copy of the task in `role` (or why it cannot be).
+    let running = |pod: &str, role: TaskRole| -> Option<Result<String, String>> {
         let w = cluster.workers.get(pod)?;
         let t = w.tasks.get(&id)?;
-        (t.role == role && t.state == TaskState::Running)
-            .then(|| (t.lag, cluster.peers.address(pod, w)))
+        (t.role == role && t.state == TaskState::Running).then(|| cluster.peers.address(pod, w))
     };
     let mut why = vec![held_here];
     let active = cluster
@@ -213,13 +201,13 @@ pub fn route(
             why.push(format!("the pod of its active copy, {pod}, is down"))
         }
         Some(pod) => match running(pod, TaskRole::Active) {
-            Some((_, Ok(address))) => {
+            Some(Ok(address)) => {
                 return Route::Forward {
                     pod: pod.clone(),
                     address,
                 };
             }
-            Some((_, Err(no_address))) => why.push(format!(
+            Some(Err(no_address)) => why.push(format!(
                 "its active copy on {pod} cannot be asked: {no_address}"
             )),
             None => why.push(format!(
