@@ -158,6 +158,24 @@ pub(crate) fn version_range(key: &[u8]) -> Result<(Vec<u8>, Vec<u8>), ProcessErr
     Ok((from, to))
 }
 
+/// The store keys of `key`'s versions split at `as_of`: those valid at or before it are in
+/// `[from, split)`, the newer ones in `[split, to)` (a version's key is the key's prefix and
+/// 8 bytes of time, so the first key after the one of `as_of` is it followed by a zero).
+pub(crate) fn version_split(key: &[u8], as_of: i64) -> Result<VersionSplit, ProcessError> {
+    let (from, to) = version_range(key)?;
+    let mut split = prefix(key)?;
+    split.extend_from_slice(&time_bytes(as_of));
+    split.push(0);
+    Ok(VersionSplit { from, split, to })
+}
+
+/// Store keys bounding a key's versions ([`version_split`]).
+pub(crate) struct VersionSplit {
+    pub from: Vec<u8>,
+    pub split: Vec<u8>,
+    pub to: Vec<u8>,
+}
+
 /// A stored version: its time and value.
 pub(crate) fn decode_version(k: &[u8], v: &[u8]) -> Result<Version, ProcessError> {
     let time = k

@@ -200,17 +200,21 @@ fn versioned(
             .as_deref(),
     )
     .map_err(corrupt)?;
-    let (from, to) = crate::versioned::version_range(key).map_err(corrupt)?;
-    // A key's whole history: versions older than the history retention are deleted as the
-    // key is written, so it stays short.
-    let versions = snap
-        .range(&info.name, &from, Some(&to), usize::MAX)?
-        .iter()
-        .map(|(k, v)| crate::versioned::decode_version(k, v))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(corrupt)?;
-    match crate::versioned::as_of_version(versions, as_of, stream_time, history) {
-        Some((ts, Some(v))) => Ok(Some(Entry {
+    // Two reads of one entry each, however long the key's history: the last version at or
+    // before `as_of`, and whether any came after it.
+    let crate::versioned::VersionSplit { from, split, to } =
+        crate::versioned::version_split(key, as_of).map_err(corrupt)?;
+    let Some((k, v)) = snap.last_in(&info.name, &from, &split)? else {
+        return Ok(None);
+    };
+    let found = crate::versioned::decode_version(&k, &v).map_err(corrupt)?;
+    // Before the history retention only the newest version still answers (it never expires).
+    let expired = as_of < stream_time.saturating_sub(history);
+    if expired && !snap.range(&info.name, &split, Some(&to), 1)?.is_empty() {
+        return Ok(None);
+    }
+    match found {
+        (ts, Some(v)) => Ok(Some(Entry {
             key: json(info, "key", info.key_format, key)?,
             value: json(info, "value", info.value_format, &v)?,
             start: None,

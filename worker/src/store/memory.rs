@@ -119,6 +119,18 @@ impl View for MemoryView<'_> {
         Ok(self.data.range(from, to, limit))
     }
 
+    fn last_in(&self, _: &str, from: &[u8], to: &[u8]) -> Result<Option<super::Entry>, StoreError> {
+        if to <= from {
+            return Ok(None);
+        }
+        Ok(self
+            .data
+            .map
+            .range::<[u8], _>((Included(from), Excluded(to)))
+            .next_back()
+            .map(|(k, v)| (k.clone(), v.clone())))
+    }
+
     fn windows(
         &self,
         store: &str,
@@ -259,6 +271,28 @@ mod tests {
         drop(d);
         s.clear();
         assert!(reader.read().map.is_empty() && reader.read().checkpoint.is_none());
+    }
+
+    #[test]
+    fn the_last_entry_of_a_range_is_read_from_its_end() {
+        use crate::store::View as _;
+        let s = MemoryStore::default();
+        let changes: Vec<_> = [b"a", b"b", b"c", b"d"]
+            .iter()
+            .map(|k| (k.to_vec(), Some(k.to_vec())))
+            .collect();
+        s.apply([], &changes, Mark::default());
+        let v = s.view(None);
+        let last = |from: &[u8], to: &[u8]| v.last_in("s", from, to).ok().flatten().map(|e| e.0);
+        assert_eq!(
+            last(b"a", b"c"),
+            Some(b"b".to_vec()),
+            "the end is exclusive"
+        );
+        assert_eq!(last(b"a", b"z"), Some(b"d".to_vec()));
+        assert_eq!(last(b"b", b"b"), None);
+        assert_eq!(last(b"e", b"z"), None, "nothing from the start on");
+        assert_eq!(last(b"c", b"a"), None);
     }
 
     #[test]

@@ -206,7 +206,9 @@ pub struct TaskDb {
 }
 
 /// Keys and values read by range, in key order.
-pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+pub type Entries = Vec<Entry>;
+/// A stored key and its value.
+pub type Entry = (Vec<u8>, Vec<u8>);
 
 /// A change to apply at commit: `None` deletes the key.
 pub struct Change<'a> {

@@ -45,6 +45,15 @@ pub trait View {
         limit: usize,
     ) -> Result<Entries, StoreError>;
 
+    /// The last key and value of a key-value store from `from` (inclusive) to `to`
+    /// (exclusive), read from the end: one entry however many the range holds.
+    fn last_in(
+        &self,
+        store: &str,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<Option<super::Entry>, StoreError>;
+
     /// Up to `limit` windows of `inner` in a window or session store whose time (a window's
     /// start, a session's end) is in `[from, to]`, with their changelog keys, in time order.
     fn windows(
@@ -125,6 +134,27 @@ impl View for Snapshot<'_> {
         scan_range(&mut it, from, to, limit, &mut out);
         self.db.rocks(it.status())?;
         Ok(out)
+    }
+
+    fn last_in(
+        &self,
+        store: &str,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<Option<super::Entry>, StoreError> {
+        let mut it = self
+            .snapshot
+            .raw_iterator_cf_opt(self.db.cf(store)?, ReadOptions::default());
+        it.seek_for_prev(to);
+        if it.key() == Some(to) {
+            it.prev();
+        }
+        let last = match (it.key(), it.value()) {
+            (Some(k), Some(v)) if k >= from => Some((k.to_vec(), v.to_vec())),
+            _ => None,
+        };
+        self.db.rocks(it.status())?;
+        Ok(last)
     }
 
     fn windows(
