@@ -25,3 +25,6 @@ pub use task::TaskId;
 /// API group and version of the custom resource.
 pub const API_VERSION: &str = "eddy.dev/v1alpha1";
 pub const KIND: &str = "StatefulStreamApp";
+/// The resource's API group and plural, as RBAC rules name it.
+pub const GROUP: &str = "eddy.dev";
+pub const PLURAL: &str = "statefulstreamapps";

@@ -449,6 +449,13 @@ pub struct QueriesSpec {
     /// only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>,
+    /// Answer queries without a credential (default false): anyone who reaches the query port
+    /// reads every store. Off, a request needs a bearer token the Kubernetes API server
+    /// accepts, allowed `get` on `statefulstreamapps/query` of this app (docs/queries.md,
+    /// "Who may query"). A standalone worker, which has no API server to ask, serves a
+    /// non-loopback address only with this set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anonymous: Option<bool>,
 }
 
 impl AppSpec {
@@ -458,6 +465,14 @@ impl AppSpec {
             .as_ref()
             .and_then(|q| q.enabled)
             .unwrap_or(true)
+    }
+
+    /// Queries need no credential (`spec.queries.anonymous`, default false).
+    pub fn queries_anonymous(&self) -> bool {
+        self.queries
+            .as_ref()
+            .and_then(|q| q.anonymous)
+            .unwrap_or(false)
     }
 }
 

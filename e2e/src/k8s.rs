@@ -162,6 +162,9 @@ impl ControlPlane {
             "templates/rbac.yaml",
             "--show-only",
             "templates/worker-status-policy.yaml",
+            // The roles for people and query clients (`t-eddy-operator-query`).
+            "--show-only",
+            "templates/user-roles.yaml",
         ];
         for v in values {
             args.extend(["--set", v]);

@@ -722,9 +722,17 @@ pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
 
 /// [`http_get`], with the response's header lines too: (status code, headers, body).
 pub fn http_get_with_headers(addr: &str, path: &str) -> Result<(u16, String, String)> {
+    http_get_as(addr, path, None)
+}
+
+/// [`http_get_with_headers`] sending a bearer token, if any.
+pub fn http_get_as(addr: &str, path: &str, token: Option<&str>) -> Result<(u16, String, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}\r\n")?;
     let mut all = String::new();
     s.read_to_string(&mut all)?;
     let code = all

@@ -508,6 +508,34 @@ impl<'a> Namespace<'a> {
         Ok(name)
     }
 
+    /// A token of a new ServiceAccount `account` of this namespace, the way a query client
+    /// gets one; with `may_query`, the account is bound here to the chart's ClusterRole for
+    /// query clients (`t-eddy-operator-query`).
+    pub fn query_token(&self, account: &str, may_query: bool) -> Result<String> {
+        let ns = self.name.as_str();
+        self.env
+            .kubectl(&["-n", ns, "create", "serviceaccount", account], None)?;
+        if may_query {
+            self.env.kubectl(
+                &[
+                    "-n",
+                    ns,
+                    "create",
+                    "rolebinding",
+                    account,
+                    "--clusterrole=t-eddy-operator-query",
+                    &format!("--serviceaccount={ns}:{account}"),
+                ],
+                None,
+            )?;
+        }
+        let token = self.env.kubectl(
+            &["-n", ns, "create", "token", account, "--duration=2h"],
+            None,
+        )?;
+        Ok(token.trim().to_string())
+    }
+
     /// Delete the topics starting with `prefix` (an explicit application id's) at the end.
     pub fn owns_topics(&self, prefix: &str) {
         self.topics.borrow_mut().push(prefix.to_string());

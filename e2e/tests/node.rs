@@ -616,15 +616,36 @@ fn queries_are_forwarded_between_pods_by_their_names_in_the_cluster_dns() -> Res
             "{pod} reports its query address as {reported:?}, not {name}"
         );
     }
+    // A query client's token, bound to the chart's ClusterRole for query clients.
+    let account = "reader";
+    env.kubectl(&["-n", ns, "create", "serviceaccount", account], None)?;
+    env.kubectl(
+        &[
+            "-n",
+            ns,
+            "create",
+            "rolebinding",
+            account,
+            &format!("--clusterrole={}-eddy-operator-query", node::RELEASE),
+            &format!("--serviceaccount={ns}:{account}"),
+        ],
+        None,
+    )?;
+    let token = env.kubectl(&["-n", ns, "create", "token", account], None)?;
+    let token = token.trim();
     // Every key asked of either pod, at its pod IP: the right count, read where the key's
-    // partition is active, which is the other pod for some keys.
+    // partition is active, which is the other pod for some keys (forwarded with the workers'
+    // own tokens).
     let mut forwarded = 0;
     for pod in &pods {
         let ip = env.get(ns, &format!("pod/{pod}"), "{.status.podIP}");
         let mut answered_by = std::collections::BTreeMap::<String, usize>::new();
         for k in 0..20 {
-            let (code, body) =
-                http_get(&format!("{ip}:9091"), &format!("/stores/counts/keys/k{k}"))?;
+            let (code, _, body) = http_get_as(
+                &format!("{ip}:9091"),
+                &format!("/stores/counts/keys/k{k}"),
+                Some(token),
+            )?;
             ensure!(code == 200, "{pod} asked for k{k}: {code} {body}");
             let answer: eddy_crds::query::KeyAnswer =
                 serde_json::from_str(&body).with_context(|| body.clone())?;

@@ -83,9 +83,9 @@ fn wait_output(env: &Operated, output: &str, want: i64) -> Result<()> {
     .with_context(|| format!("the counts never reached {want}\n{}", env.logs()))
 }
 
-/// GET `path` on `addr`: status, whether a Retry-After header came, body.
-fn get(addr: &str, path: &str) -> Result<(u16, bool, String)> {
-    let (code, headers, body) = http_get_with_headers(addr, path)?;
+/// GET `path` on `addr` with `token`: status, whether a Retry-After header came, body.
+fn get(token: &str, addr: &str, path: &str) -> Result<(u16, bool, String)> {
+    let (code, headers, body) = http_get_as(addr, path, Some(token))?;
     Ok((
         code,
         headers.to_ascii_lowercase().contains("retry-after: 1"),
@@ -94,8 +94,13 @@ fn get(addr: &str, path: &str) -> Result<(u16, bool, String)> {
 }
 
 /// The answer for `key` asked at `addr` (`extra`: more query parameters).
-fn ask(addr: &str, key: &str, extra: &str) -> Result<Result<KeyAnswer, (u16, bool, String)>> {
-    let (code, retry, body) = get(addr, &format!("/stores/counts/keys/{key}{extra}"))?;
+fn ask(
+    token: &str,
+    addr: &str,
+    key: &str,
+    extra: &str,
+) -> Result<Result<KeyAnswer, (u16, bool, String)>> {
+    let (code, retry, body) = get(token, addr, &format!("/stores/counts/keys/{key}{extra}"))?;
     if code != 200 {
         return Ok(Err((code, retry, body)));
     }
@@ -137,14 +142,17 @@ fn wait_running(env: &Operated, ns: &str, app: &str, replicas: usize) -> Result<
     })
 }
 
-/// Three pods, each asked for every key: the same value as the output topic's latest
-/// record, found through whichever pod holds it; a page through every key from one pod; the
-/// `query` command; the `<name>-query` Service.
+/// Three pods, each asked for every key with a client's token: the same value as the output
+/// topic's latest record, found through whichever pod holds it (forwarded with the workers'
+/// own tokens); a page through every key from one pod; 401 without a token or with a forged
+/// one, 403 for a token without the right or with it in another namespace, and once the
+/// right is revoked; the `query` command; the `<name>-query` Service and NetworkPolicy.
 #[test]
 fn every_pod_answers_every_key_with_the_output_topics_latest_value() -> Result<()> {
     let env = env()?;
     let space = Namespace::new(env, &[])?;
     let ns = space.name.as_str();
+    let token = space.query_token("reader", true)?;
     let (input, output) = (space.topic("iq-in", 6)?, space.topic("iq-out", 6)?);
     env.apply(ns, &app_yaml("iq", 3, &input, &output)?)?;
     wait_running(env, ns, "iq", 3)?;
@@ -182,7 +190,7 @@ fn every_pod_answers_every_key_with_the_output_topics_latest_value() -> Result<(
             // Committed state: a commit follows the output within the commit interval.
             let mut last = None;
             wait_until(Duration::from_secs(30), || {
-                last = Some(ask(addr, &key, "")?);
+                last = Some(ask(&token, addr, &key, "")?);
                 Ok(matches!(&last, Some(Ok(a)) if a.value == 3))
             })
             .with_context(|| format!("{pod} asked for {key}: {last:?}"))?;
@@ -207,7 +215,11 @@ fn every_pod_answers_every_key_with_the_output_topics_latest_value() -> Result<(
     let mut seen = Vec::new();
     let mut after = String::new();
     for _ in 0..10 {
-        let (code, _, body) = get(addr, &format!("/stores/counts/keys?limit=50{after}"))?;
+        let (code, _, body) = get(
+            &token,
+            addr,
+            &format!("/stores/counts/keys?limit=50{after}"),
+        )?;
         ensure!(code == 200, "a page: {code} {body}");
         let page: RangeAnswer = serde_json::from_str(&body)?;
         ensure!(page.answered_by.len() == 6, "six partitions read: {body}");
@@ -233,7 +245,57 @@ fn every_pod_answers_every_key_with_the_output_topics_latest_value() -> Result<(
     );
     ensure!(seen.iter().all(|(_, v)| v == 3), "every count is 3");
 
-    // The command-line client, as a user with a port-forward would run it.
+    // Who may query: a token the API server accepts, allowed `get` on statefulstreamapps/query
+    // of this app (above, through the chart's ClusterRole); nobody else.
+    let path = "/stores/counts/keys/k7";
+    let (code, headers, body) = http_get_as(addr, path, None)?;
+    ensure!(
+        code == 401
+            && headers
+                .to_ascii_lowercase()
+                .contains("www-authenticate: bearer")
+            && body.contains("needs a bearer token"),
+        "without a token: {code} {headers} {body}"
+    );
+    let (code, _, body) = http_get_as(addr, path, Some("not-a-token"))?;
+    ensure!(
+        code == 401 && body.contains("not one the Kubernetes API server accepts"),
+        "a forged token: {code} {body}"
+    );
+    let outsider = space.query_token("outsider", false)?;
+    let (code, _, body) = http_get_as(addr, path, Some(&outsider))?;
+    ensure!(
+        code == 403 && body.contains("statefulstreamapps/query") && !body.contains("\"value\""),
+        "a token without the right: {code} {body}"
+    );
+    // Allowed in its own namespace is not allowed here.
+    let elsewhere = Namespace::new(env, &[])?;
+    let stranger = elsewhere.query_token("reader", true)?;
+    let (code, _, body) = http_get_as(addr, path, Some(&stranger))?;
+    ensure!(
+        code == 403,
+        "a token allowed in another namespace: {code} {body}"
+    );
+
+    // The command-line client, as a user with a port-forward would run it: the token given,
+    // and without one (no kubeconfig holding one) the 401's message.
+    let out = std::process::Command::new(binary("eddy-worker")?)
+        .args([
+            "query",
+            "--url",
+            &format!("http://{addr}"),
+            "--store",
+            "counts",
+        ])
+        .args(["--key", "k7"])
+        .env("KUBECONFIG", "/nonexistent")
+        .env_remove("EDDY_QUERY_TOKEN")
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && err.contains("401") && err.contains("--token"),
+        "query without a token: {err}"
+    );
     let out = std::process::Command::new(binary("eddy-worker")?)
         .args([
             "query",
@@ -243,6 +305,8 @@ fn every_pod_answers_every_key_with_the_output_topics_latest_value() -> Result<(
             "counts",
             "--key",
             "k7",
+            "--token",
+            &token,
         ])
         .output()?;
     ensure!(
@@ -260,12 +324,21 @@ fn every_pod_answers_every_key_with_the_output_topics_latest_value() -> Result<(
             "--store",
             "count",
         ])
+        .env("EDDY_QUERY_TOKEN", &token)
         .output()?;
     let err = String::from_utf8_lossy(&out.stderr);
     ensure!(
         !out.status.success() && err.contains("no store \"count\"") && err.contains("counts"),
         "a wrong store name: {err}"
     );
+    // A right taken away stops working within the workers' decision cache (10 s).
+    env.kubectl(&["-n", ns, "delete", "rolebinding", "reader"], None)?;
+    let mut last = (0, String::new(), String::new());
+    wait_until(Duration::from_secs(30), || {
+        last = http_get_as(addr, path, Some(&token))?;
+        Ok(last.0 == 403)
+    })
+    .with_context(|| format!("the revoked token still reads: {last:?}"))?;
     env.delete_apps(ns)?;
     Ok(())
 }
@@ -277,6 +350,7 @@ fn during_a_scale_out_answers_are_right_or_a_retry_after() -> Result<()> {
     let env = env()?;
     let space = Namespace::new(env, &[])?;
     let ns = space.name.as_str();
+    let token = space.query_token("reader", true)?;
     let (input, output) = (space.topic("iqs-in", 8)?, space.topic("iqs-out", 8)?);
     env.apply(ns, &app_yaml("iqs", 2, &input, &output)?)?;
     wait_running(env, ns, "iqs", 2)?;
@@ -302,7 +376,7 @@ fn during_a_scale_out_answers_are_right_or_a_retry_after() -> Result<()> {
             for k in (0..KEYS).step_by(7) {
                 let key = format!("k{k}");
                 // A pod that is starting may not listen yet: a client would retry.
-                let Ok(answer) = ask(addr, &key, "") else {
+                let Ok(answer) = ask(&token, addr, &key, "") else {
                     continue;
                 };
                 match answer {
@@ -325,7 +399,7 @@ fn during_a_scale_out_answers_are_right_or_a_retry_after() -> Result<()> {
             let key = format!("k{k}");
             let mut last = None;
             wait_until(Duration::from_secs(30), || {
-                last = Some(ask(addr, &key, "")?);
+                last = Some(ask(&token, addr, &key, "")?);
                 Ok(matches!(&last, Some(Ok(a)) if a.value == 2))
             })
             .with_context(|| format!("{key} at {addr} after the scale-out: {last:?}"))?;
@@ -345,6 +419,7 @@ fn a_standby_answers_within_a_lag_bound_when_the_active_is_gone() -> Result<()> 
     let env = env()?;
     let space = Namespace::new(env, &[])?;
     let ns = space.name.as_str();
+    let token = space.query_token("reader", true)?;
     let (input, output) = (space.topic("iqf-in", 2)?, space.topic("iqf-out", 2)?);
     env.apply(ns, &app_yaml("iqf", 2, &input, &output)?)?;
     wait_running(env, ns, "iqf", 2)?;
@@ -354,7 +429,7 @@ fn a_standby_answers_within_a_lag_bound_when_the_active_is_gone() -> Result<()> 
     let any = pods.values().next().context("a pod")?;
     let mut first = None;
     wait_until(Duration::from_secs(30), || {
-        first = Some(ask(any, "k1", "")?);
+        first = Some(ask(&token, any, "k1", "")?);
         Ok(matches!(&first, Some(Ok(a)) if a.value == 4))
     })?;
     let Some(Ok(first)) = first else {
@@ -384,7 +459,7 @@ fn a_standby_answers_within_a_lag_bound_when_the_active_is_gone() -> Result<()> 
             eddy_e2e::operated::all_threads_stopped(pid)
         })
         .with_context(|| format!("{active} (pid {pid}) did not stop"))?;
-        let a = ask(standby_addr, "k1", "?maxLag=100")?
+        let a = ask(&token, standby_addr, "k1", "?maxLag=100")?
             .map_err(|e| anyhow::anyhow!("the standby did not answer: {e:?}"))?;
         ensure!(
             a.value == 4
@@ -396,7 +471,7 @@ fn a_standby_answers_within_a_lag_bound_when_the_active_is_gone() -> Result<()> 
             "the standby's answer: {a:?} (the active's: {first:?})"
         );
         // Only the active may answer: it does not (frozen), so the caller is told to retry.
-        match ask(standby_addr, "k1", "")? {
+        match ask(&token, standby_addr, "k1", "")? {
             Err((503, true, body)) => ensure!(body.contains(&active), "{body}"),
             other => anyhow::bail!("without maxLag: {other:?}"),
         }
@@ -416,6 +491,7 @@ fn an_in_memory_store_answers_from_its_active_and_its_standby() -> Result<()> {
     let env = env()?;
     let space = Namespace::new(env, &[])?;
     let ns = space.name.as_str();
+    let token = space.query_token("reader", true)?;
     let (input, output) = (space.topic("iqm-in", 2)?, space.topic("iqm-out", 2)?);
     let yaml = app_yaml("iqm", 2, &input, &output)?.replace(
         "count: {store: counts}",
@@ -435,7 +511,7 @@ fn an_in_memory_store_answers_from_its_active_and_its_standby() -> Result<()> {
             for (extra, role) in [("", TaskRole::Active), ("?maxLag=any", TaskRole::Standby)] {
                 let mut last = None;
                 wait_until(Duration::from_secs(30), || {
-                    last = Some(ask(addr, &key, extra)?);
+                    last = Some(ask(&token, addr, &key, extra)?);
                     Ok(matches!(&last, Some(Ok(a)) if a.value == 2))
                 })
                 .with_context(|| format!("{pod} asked for {key}{extra}: {last:?}"))?;
@@ -513,6 +589,7 @@ fn a_flood_of_slow_connections_neither_silences_the_worker_nor_stops_its_answers
     let env = env()?;
     let space = Namespace::new(env, &[])?;
     let ns = space.name.as_str();
+    let token = space.query_token("reader", true)?;
     let app = "iqflood";
     let (input, output) = (space.topic("iqf-in", 2)?, space.topic("iqf-out", 2)?);
     env.apply(ns, &app_yaml(app, 2, &input, &output)?)?;
@@ -566,7 +643,7 @@ fn a_flood_of_slow_connections_neither_silences_the_worker_nor_stops_its_answers
     drop(flood);
     let mut last = None;
     wait_until(Duration::from_secs(30), || {
-        last = Some(ask(addr, "k1", "")?);
+        last = Some(ask(&token, addr, "k1", "")?);
         Ok(matches!(&last, Some(Ok(a)) if a.value == 1))
     })
     .with_context(|| format!("{pod} after the flood: {last:?}"))?;

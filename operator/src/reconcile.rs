@@ -1968,7 +1968,7 @@ mod tests {
     }
 
     #[test]
-    fn worker_role_only_reads_its_app_and_patches_its_status() {
+    fn worker_role_only_reads_its_app_patches_its_status_and_queries_it() {
         let d = reconcile(
             &app(PV),
             &Observed::default(),
@@ -1987,5 +1987,17 @@ mod tests {
         assert!(rules.iter().any(|r| r.resources.as_deref()
             == Some(&["statefulstreamapps/status".to_string()][..])
             && r.verbs.contains(&"patch".to_string())));
+        // Forwarding: its workers may query this app, and only `get` it.
+        let query: Vec<_> = rules
+            .iter()
+            .filter(|r| {
+                r.resources
+                    .iter()
+                    .flatten()
+                    .any(|x| x == "statefulstreamapps/query")
+            })
+            .collect();
+        assert_eq!(query.len(), 1);
+        assert_eq!(query[0].verbs, ["get"]);
     }
 }

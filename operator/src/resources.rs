@@ -1,7 +1,8 @@
 //! The Kubernetes objects an app is made of, one small builder per kind: the worker
 //! StatefulSet (a volume per pod for the state dir), its headless Service, the ConfigMap
-//! holding the app file, the ServiceAccount with a Role that lets a worker read its own app
-//! and patch only its own app's status, and a PodDisruptionBudget. Each is owned by the app,
+//! holding the app file, the ServiceAccount with a Role that lets a worker read its own app,
+//! patch only its own app's status and query its own app (forwarding), and a
+//! PodDisruptionBudget. Each is owned by the app,
 //! so deleting the app deletes them. Worker pods pass the `restricted` Pod Security Standard.
 
 mod pod_template;
@@ -390,8 +391,16 @@ fn role(app: &StatefulStreamApp) -> Role {
             PolicyRule {
                 api_groups: Some(vec!["eddy.dev".into()]),
                 resources: Some(vec!["statefulstreamapps/status".into()]),
-                resource_names: only_this,
+                resource_names: only_this.clone(),
                 verbs: vec!["get".into(), "patch".into()],
+                ..Default::default()
+            },
+            // Workers forward queries to each other with their own token.
+            PolicyRule {
+                api_groups: Some(vec!["eddy.dev".into()]),
+                resources: Some(vec!["statefulstreamapps/query".into()]),
+                resource_names: only_this,
+                verbs: vec!["get".into()],
                 ..Default::default()
             },
         ]),

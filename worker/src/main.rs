@@ -114,6 +114,10 @@ struct QueryArgs {
     /// Follow `next` and print every page's entries as one answer.
     #[arg(long)]
     all: bool,
+    /// The bearer token to send (e.g. `$(kubectl create token NAME)`). Without it, the token
+    /// of the kubeconfig (KUBECONFIG, or in a pod its ServiceAccount's), if it holds one.
+    #[arg(long, env = "EDDY_QUERY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -438,10 +442,30 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     status.queries.set_app(&cfg);
-    let queries = cfg
-        .spec
-        .queries_enabled()
-        .then(|| eddy_worker::query::api::router(status.clone()));
+    // A query API of its own address (as under the operator) runs on a runtime of its own:
+    // a flood of queries must not delay the status reports and the assignment watch on `rt`
+    // past the failover bound. Its blocking pool (pages, global tables) is bounded too.
+    let query_rt = match (a.query_addr, cfg.spec.queries_enabled()) {
+        (Some(_), true) => Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .max_blocking_threads(QUERY_BLOCKING_THREADS)
+                .thread_name("eddy-query")
+                .enable_all()
+                .build()
+                .context("starting the query API's runtime")?,
+        ),
+        _ => None,
+    };
+    let queries = match cfg.spec.queries_enabled() {
+        true => {
+            let served_on = query_rt.as_ref().unwrap_or(&rt);
+            let access =
+                query_access(&cfg, link.as_ref(), a.query_addr.or(a.http_addr), served_on)?;
+            Some(eddy_worker::query::api::router(status.clone(), access))
+        }
+        false => None,
+    };
     let serve =
         |rt: &tokio::runtime::Runtime, addr: SocketAddr, app: axum::Router, what: &'static str| {
             let listener = rt
@@ -460,23 +484,9 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         }
         serve(&rt, addr, app, "HTTP")?;
     }
-    // A query API of its own address (as under the operator) runs on a runtime of its own:
-    // a flood of queries must not delay the status reports and the assignment watch on `rt`
-    // past the failover bound. Its blocking pool (pages, global tables) is bounded too.
-    let query_rt = match (a.query_addr, queries.clone()) {
-        (Some(addr), Some(q)) => {
-            let qrt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .max_blocking_threads(QUERY_BLOCKING_THREADS)
-                .thread_name("eddy-query")
-                .enable_all()
-                .build()
-                .context("starting the query API's runtime")?;
-            serve(&qrt, addr, q, "query")?;
-            Some(qrt)
-        }
-        _ => None,
-    };
+    if let (Some(addr), Some(q), Some(qrt)) = (a.query_addr, queries.clone(), &query_rt) {
+        serve(qrt, addr, q, "query")?;
+    }
     if queries.is_some()
         && let Ok(mut r) = status.report.lock()
     {
@@ -544,6 +554,47 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     })
 }
 
+/// The bearer token of the Kubernetes configuration `kubectl` would use, if it holds one
+/// (exec plugins and client certificates do not: then `--token`).
+async fn kubeconfig_token() -> Option<String> {
+    use secrecy::ExposeSecret as _;
+    let config = kube::Config::infer().await.ok()?;
+    let auth = config.auth_info;
+    match (auth.token, auth.token_file) {
+        (Some(t), _) => Some(t.expose_secret().to_string()),
+        (None, Some(f)) => std::fs::read_to_string(f).ok(),
+        (None, None) => None,
+    }
+}
+
+/// Who may query this worker. Under the operator, Kubernetes RBAC (the reviewer's client made
+/// on `rt`, the runtime serving queries) unless the app says anonymous; a standalone worker has
+/// no API server to ask, so it answers without a credential, and only on loopback unless the
+/// app says anonymous.
+fn query_access(
+    cfg: &WorkerConfig,
+    link: Option<&eddy_worker::assignment::Link>,
+    served_at: Option<SocketAddr>,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<eddy_worker::query::auth::Access> {
+    use eddy_worker::query::auth::{Access, Reviewer};
+    if cfg.spec.queries_anonymous() {
+        return Ok(Access::Anonymous);
+    }
+    if let Some(l) = link {
+        let reviewer = rt
+            .block_on(Reviewer::connect(&l.namespace, &l.app))
+            .context("setting up the query API's token checks")?;
+        return Ok(Access::Kubernetes(Arc::new(reviewer)));
+    }
+    match served_at {
+        Some(addr) if !addr.ip().is_loopback() => anyhow::bail!(
+            "the query API at {addr} would answer anyone without a credential: a standalone worker cannot check tokens (there is no Kubernetes API server to ask). Serve it on loopback (--query-addr 127.0.0.1:9091), switch it off (spec.queries.enabled: false), or allow it (spec.queries.anonymous: true)"
+        ),
+        _ => Ok(Access::Anonymous),
+    }
+}
+
 /// `eddy-worker query`: build the request from the store's kind, print the answer.
 fn query(a: QueryArgs) -> anyhow::Result<ExitCode> {
     use eddy_crds::query::{RangeAnswer, StoreDescription};
@@ -553,10 +604,20 @@ fn query(a: QueryArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let client = eddy_worker::query::client::client();
+    let token = match a.token {
+        Some(t) => Some(t),
+        None => rt.block_on(kubeconfig_token()),
+    };
+    let authorization = token.map(|t| format!("Bearer {}", t.trim()));
     let get = |url: String| {
         let client = client.clone();
+        let headers: Vec<(&str, &str)> = authorization
+            .as_deref()
+            .map(|a| ("authorization", a))
+            .into_iter()
+            .collect();
         rt.block_on(async move {
-            let (code, _, body) = eddy_worker::query::client::fetch(&client, &url, &[])
+            let (code, _, body) = eddy_worker::query::client::fetch(&client, &url, &headers)
                 .await
                 .map_err(|e| anyhow::anyhow!("asking {url}: {e}"))?;
             if !code.is_success() {
@@ -640,4 +701,50 @@ fn query(a: QueryArgs) -> anyhow::Result<ExitCode> {
     }
     println!("{}", serde_json::to_string_pretty(&all)?);
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eddy_worker::query::auth::Access;
+
+    fn app(queries: &str) -> WorkerConfig {
+        let text = format!(
+            "applicationId: a\nkafka: {{bootstrapServers: k:9092}}\ntopology: [{{from: {{topic: a}}}}, {{count: {{store: c}}}}]\n{queries}"
+        );
+        WorkerConfig::from_text(&text, Path::new("app.yaml"), Overrides::default())
+            .expect("a valid app")
+    }
+
+    /// A standalone worker cannot check tokens: it answers without one on loopback, and
+    /// elsewhere only if the app says anonymous.
+    #[test]
+    fn a_standalone_worker_answers_anyone_only_on_loopback_or_if_the_app_says_so() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let at = |a: &str| a.parse::<SocketAddr>().ok();
+        let access = |cfg: &WorkerConfig, addr| query_access(cfg, None, at(addr), &rt);
+        let closed = app("");
+        assert!(matches!(
+            access(&closed, "127.0.0.1:9091"),
+            Ok(Access::Anonymous)
+        ));
+        assert!(matches!(
+            access(&closed, "[::1]:9091"),
+            Ok(Access::Anonymous)
+        ));
+        let e = access(&closed, "0.0.0.0:9090").err().expect("refused");
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("0.0.0.0:9090") && e.contains("spec.queries.anonymous: true"),
+            "{e}"
+        );
+        let open = app("queries: {anonymous: true}");
+        assert!(matches!(
+            access(&open, "0.0.0.0:9090"),
+            Ok(Access::Anonymous)
+        ));
+    }
 }

@@ -52,7 +52,12 @@ struct Args {
 
 const PARTITIONS: i32 = 4;
 
-fn app_yaml(bs: &str, name: &str, input: &str, output: &str) -> String {
+/// The benchmark's app; `anonymous`: its queries need no token.
+fn app_yaml(bs: &str, name: &str, input: &str, output: &str, anonymous: bool) -> String {
+    let queries = match anonymous {
+        true => "\n  queries: {anonymous: true}",
+        false => "",
+    };
     format!(
         r#"apiVersion: eddy.dev/v1alpha1
 kind: StatefulStreamApp
@@ -61,7 +66,7 @@ spec:
   replicas: 2
   kafka: {{bootstrapServers: "{bs}"}}
   cleanupPolicy: Delete
-  commitIntervalMs: 1000
+  commitIntervalMs: 1000{queries}
   topology:
     - from: {{topic: {input}}}
     - count: {{store: counts}}
@@ -198,8 +203,10 @@ fn query_load(
     targets: Vec<(String, String)>,
     rate: u64,
     seconds: u64,
+    token: Option<&str>,
 ) -> Phase {
     let client = eddy_worker::query::client::client();
+    let auth: Option<Arc<str>> = token.map(|t| format!("Bearer {t}").into());
     let out = Arc::new(Mutex::new(Phase::default()));
     let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -214,12 +221,17 @@ fn query_load(
             tokio::time::sleep_until(due.into()).await;
             let (addr, key) = &targets[(i as usize * 7919) % targets.len()];
             let url = format!("http://{addr}/stores/counts/keys/{key}");
-            let (client, out) = (client.clone(), out.clone());
+            let (client, out, auth) = (client.clone(), out.clone(), auth.clone());
             // Timed from the send, not from `due`: the timer wakes up to 1 ms late, and the
             // sender never waits for answers, so a slow server still meets every due request.
             let sent = Instant::now();
             tasks.push(tokio::spawn(async move {
-                let r = eddy_worker::query::client::fetch(&client, &url, &[]).await;
+                let headers: Vec<(&str, &str)> = auth
+                    .as_deref()
+                    .map(|a| ("authorization", a))
+                    .into_iter()
+                    .collect();
+                let r = eddy_worker::query::client::fetch(&client, &url, &headers).await;
                 let took = sent.elapsed().as_micros() as u64;
                 let mut o = out
                     .lock()
@@ -298,6 +310,7 @@ fn catch_up(
     (backlog, keys): (usize, usize),
     rate: u64,
     queries: bool,
+    token: &str,
 ) -> Result<(f64, Option<Phase>)> {
     let ns = space.name.as_str();
     let input = space.topic(&format!("{app}-in"), PARTITIONS)?;
@@ -311,7 +324,7 @@ fn catch_up(
         })
         .collect();
     produce(&input, &records)?;
-    env.apply(ns, &app_yaml(&env.bs, app, &input, &output))?;
+    env.apply(ns, &app_yaml(&env.bs, app, &input, &output, false))?;
     let total = backlog as f64;
     let mut load = None;
     let mut first: Option<(Instant, f64)> = None;
@@ -338,12 +351,13 @@ fn catch_up(
                     })
                     .collect();
                 // Long enough to cover the whole catch-up.
+                let token = token.to_string();
                 load = Some(std::thread::spawn(move || {
                     tokio::runtime::Builder::new_multi_thread()
                         .worker_threads(1)
                         .enable_all()
                         .build()
-                        .map(|rt| query_load(&rt, targets, rate, 40))
+                        .map(|rt| query_load(&rt, targets, rate, 40, Some(&token)))
                 }));
             }
         }
@@ -376,31 +390,52 @@ fn catch_up(
     Ok((rate, phase))
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
-    let env = eddy_e2e::operated::shared(1, |_, _| Ok(()))?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    let space = Namespace::new(env, &[])?;
-    let ns = space.name.as_str();
+/// The latency phases of one app, and what each get cost.
+struct Latency {
+    local: Phase,
+    forwarded: Phase,
+    local_cpu: (f64, f64),
+    forwarded_cpu: (f64, f64),
+    /// The workers' and this process's CPU-s a second without gets.
+    idle: (f64, f64),
+    /// Records processed while the latency was measured.
+    steady: f64,
+}
 
-    // 1. Latency while the app processes a steady input.
+/// The latency phases while app `app` processes a steady input: gets with `token`, or
+/// anonymous (the app then says `queries: {anonymous: true}`).
+fn latency(
+    env: &Operated,
+    space: &Namespace,
+    rt: &tokio::runtime::Runtime,
+    args: &Args,
+    app: &str,
+    token: Option<&str>,
+) -> Result<Latency> {
+    let ns = space.name.as_str();
     let (input, output) = (
-        space.topic("qb-in", PARTITIONS)?,
-        space.topic("qb-out", PARTITIONS)?,
+        space.topic(&format!("{app}-in"), PARTITIONS)?,
+        space.topic(&format!("{app}-out"), PARTITIONS)?,
     );
-    env.apply(ns, &app_yaml(&env.bs, "qb", &input, &output))?;
-    wait_until(WAIT, || running(env, ns, "qb")).with_context(|| env.logs())?;
+    env.apply(
+        ns,
+        &app_yaml(&env.bs, app, &input, &output, token.is_none()),
+    )?;
+    wait_until(WAIT, || running(env, ns, app)).with_context(|| env.logs())?;
     let records: Vec<Input> = (0..args.keys)
         .map(|i| (Some(format!("k{i}").into_bytes()), Some(b"{}".to_vec())))
         .collect();
     produce(&input, &records)?;
-    let addrs = addresses(env, ns, "qb");
+    let addrs = addresses(env, ns, app);
     let any = addrs.values().next().context("a pod")?.clone();
     // Who holds each key's active copy: ask once (committed within the commit interval).
     let client = eddy_worker::query::client::client();
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth
+        .as_deref()
+        .map(|a| ("authorization", a))
+        .into_iter()
+        .collect();
     let mut owner: HashMap<String, String> = HashMap::new();
     wait_until(WAIT, || {
         for k in (0..args.keys).step_by(10) {
@@ -410,7 +445,7 @@ fn main() -> Result<()> {
             }
             let url = format!("http://{any}/stores/counts/keys/{key}");
             let (code, _, body) = rt
-                .block_on(eddy_worker::query::client::fetch(&client, &url, &[]))
+                .block_on(eddy_worker::query::client::fetch(&client, &url, &headers))
                 .map_err(|e| anyhow::anyhow!(e))?;
             if code.is_success() {
                 let a: eddy_crds::query::KeyAnswer = serde_json::from_slice(&body)?;
@@ -422,11 +457,11 @@ fn main() -> Result<()> {
         Ok(owner.len() == args.keys.div_ceil(10))
     })?;
     let load = Load::start(&input, args.keys, args.input_rate)?;
-    let before = processed(env, ns, "qb");
+    let before = processed(env, ns, app);
     // What the workers spend on the input alone, to take from the phases with gets.
-    let (c0, t0) = (cpu(env, ns, "qb")?, Instant::now());
+    let (c0, t0) = (cpu(env, ns, app)?, Instant::now());
     std::thread::sleep(Duration::from_secs(args.seconds));
-    let c = cpu(env, ns, "qb")?;
+    let c = cpu(env, ns, app)?;
     let secs = t0.elapsed().as_secs_f64();
     let idle = ((c.0 - c0.0) / secs, (c.1 - c0.1) / secs);
     let (mut local, mut forwarded) = (Vec::new(), Vec::new());
@@ -440,18 +475,22 @@ fn main() -> Result<()> {
             }
         }
     }
+    let how = match token {
+        Some(_) => "with a token",
+        None => "anonymous",
+    };
     eprintln!(
-        "query-bench: {} gets/s for {} s to the pod holding each key",
+        "query-bench: {app}: {} gets/s for {} s to the pod holding each key, {how}",
         args.rate, args.seconds
     );
-    let c1 = cpu(env, ns, "qb")?;
-    let local = query_load(&rt, local, args.rate, args.seconds);
-    let c2 = cpu(env, ns, "qb")?;
+    let c1 = cpu(env, ns, app)?;
+    let local = query_load(rt, local, args.rate, args.seconds, token);
+    let c2 = cpu(env, ns, app)?;
     eprintln!(
-        "query-bench: {} gets/s for {} s to the other pod (forwarded)",
+        "query-bench: {app}: {} gets/s for {} s to the other pod (forwarded), {how}",
         args.rate, args.seconds
     );
-    let forwarded = query_load(&rt, forwarded, args.rate, args.seconds);
+    let forwarded = query_load(rt, forwarded, args.rate, args.seconds, token);
     if std::env::var_os("QB_TIMELINE").is_some() {
         for (name, p) in [("local", &local), ("forwarded", &forwarded)] {
             let mut slow: Vec<_> = p.timeline.iter().filter(|(_, us)| *us > 5_000).collect();
@@ -463,12 +502,44 @@ fn main() -> Result<()> {
             );
         }
     }
-    let c3 = cpu(env, ns, "qb")?;
+    let c3 = cpu(env, ns, app)?;
     let local_cpu = per_get(&local, c1, c2, idle);
     let forwarded_cpu = per_get(&forwarded, c2, c3, idle);
-    let steady = processed(env, ns, "qb") - before;
+    let steady = processed(env, ns, app) - before;
     load.stop()?;
-    env.delete_apps(ns)?;
+    env.kubectl(&["-n", ns, "delete", "ssapp", app, "--wait=true"], None)?;
+    Ok(Latency {
+        local,
+        forwarded,
+        local_cpu,
+        forwarded_cpu,
+        idle,
+        steady,
+    })
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let env = eddy_e2e::operated::shared(1, |_, _| Ok(()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let space = Namespace::new(env, &[])?;
+
+    // 1. Latency, anonymous and with a token (each get's token checked against the cached
+    // decision; the first of each token asks the API server).
+    let token = space.query_token("bench", true)?;
+    let open = latency(env, &space, &rt, &args, "qa", None)?;
+    let auth = latency(env, &space, &rt, &args, "qb", Some(&token))?;
+    let Latency {
+        local,
+        forwarded,
+        local_cpu,
+        forwarded_cpu,
+        idle,
+        steady,
+    } = &auth;
 
     // 2. Processing throughput with and without the query load.
     eprintln!(
@@ -479,8 +550,24 @@ fn main() -> Result<()> {
     let mut during = None;
     for i in 0..args.pairs.max(1) {
         let size = (args.backlog, args.keys);
-        let (quiet, _) = catch_up(env, &space, &format!("tpa{i}"), size, args.rate, false)?;
-        let (busy, d) = catch_up(env, &space, &format!("tpb{i}"), size, args.rate, true)?;
+        let (quiet, _) = catch_up(
+            env,
+            &space,
+            &format!("tpa{i}"),
+            size,
+            args.rate,
+            false,
+            &token,
+        )?;
+        let (busy, d) = catch_up(
+            env,
+            &space,
+            &format!("tpb{i}"),
+            size,
+            args.rate,
+            true,
+            &token,
+        )?;
         eprintln!(
             "query-bench: pair {i}: {quiet:.0} records/s without gets, {busy:.0} with: ratio {:.2}",
             busy / quiet
@@ -512,24 +599,25 @@ fn main() -> Result<()> {
         "| gets | requests/s | p50 ms | p99 ms | max ms | p99 target | not 200 | workers' CPU µs/get | client's CPU µs/get | machine stalls > {STALL_MS} ms (longest) | host's steal ms |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    println!(
-        "{}",
-        row(
-            "local (the pod holding the key)",
-            &local,
+    let rows = [
+        (
+            "local (the pod holding the key), anonymous",
+            &open.local,
             2.0,
-            Some(local_cpu)
-        )
-    );
-    println!(
-        "{}",
-        row(
-            "forwarded (the other pod)",
-            &forwarded,
+            open.local_cpu,
+        ),
+        ("local, with a token", local, 2.0, *local_cpu),
+        (
+            "forwarded (the other pod), anonymous",
+            &open.forwarded,
             10.0,
-            Some(forwarded_cpu)
-        )
-    );
+            open.forwarded_cpu,
+        ),
+        ("forwarded, with a token", forwarded, 10.0, *forwarded_cpu),
+    ];
+    for (name, p, target, cpu) in rows {
+        println!("{}", row(name, p, target, Some(cpu)));
+    }
     if let Some(d) = &during {
         println!(
             "{}",
@@ -539,7 +627,7 @@ fn main() -> Result<()> {
             eprintln!("query-bench: first failed get during the catch-up: {f}");
         }
     }
-    for p in [&local, &forwarded] {
+    for p in [&open.local, &open.forwarded, local, forwarded] {
         if let Some(f) = &p.first_failure {
             eprintln!("query-bench: first failed get: {f}");
         }
@@ -562,6 +650,9 @@ fn main() -> Result<()> {
             "rate": args.rate, "seconds": args.seconds, "keys": args.keys,
             "input_rate": args.input_rate, "backlog": args.backlog,
             "local": local.json(), "forwarded": forwarded.json(),
+            "anonymous": {"local": open.local.json(), "forwarded": open.forwarded.json(),
+                "cpu_us_per_get": {"local": {"workers": open.local_cpu.0, "client": open.local_cpu.1},
+                    "forwarded": {"workers": open.forwarded_cpu.0, "client": open.forwarded_cpu.1}}},
             "cpu_us_per_get": {"local": {"workers": local_cpu.0, "client": local_cpu.1},
                 "forwarded": {"workers": forwarded_cpu.0, "client": forwarded_cpu.1},
                 "without_gets_cpu_per_second": {"workers": idle.0, "client": idle.1}},

@@ -11,6 +11,7 @@
 //! Every request takes `maxLag` (a number of records, or `any`: a standby may answer) and
 //! pages take `limit` and `after` (the `next` of the previous page).
 
+use super::auth::Access;
 use super::client::{FORWARDED_BY, FetchError, HttpClient, client, fetch};
 use super::locate::{self, Freshness, LocalCopy, Route};
 use super::params::{PAGE, Params, Problem, hex_decode, hex_encode, internal};
@@ -35,6 +36,8 @@ struct Api {
     client: HttpClient,
     /// Requests being answered; beyond [`MAX_IN_FLIGHT`] a request is refused at once.
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// Who may query; also what this worker sends when it forwards.
+    access: Access,
 }
 
 /// Requests one worker answers at once (forwarded ones included); more get a 503 with
@@ -62,12 +65,13 @@ async fn bounded(
     }
 }
 
-/// The query routes, answering from `status.queries`.
-pub fn router(status: Arc<Status>) -> Router {
+/// The query routes, answering from `status.queries` those `access` lets in.
+pub fn router(status: Arc<Status>, access: Access) -> Router {
     let api = Api {
         status,
         client: client(),
         in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+        access: access.clone(),
     };
     Router::new()
         .route("/stores", get(stores))
@@ -75,6 +79,11 @@ pub fn router(status: Arc<Status>) -> Router {
         .route("/stores/{store}/keys/{key}", get(key))
         .route("/stores/{store}/keys/{key}/windows", get(key_windows))
         .route("/stores/{store}/windows", get(all_windows))
+        // Checked within the bounds: a token's review takes a permit like any request.
+        .layer(axum::middleware::from_fn_with_state(
+            access,
+            super::auth::authorize,
+        ))
         .layer(axum::middleware::from_fn_with_state(api.clone(), bounded))
         .with_state(api)
 }
@@ -743,7 +752,12 @@ async fn forward<T: serde::de::DeserializeOwned>(
         _ => format!("http://{address}{path}"),
     };
     let me = api.status.queries.layout().pod.clone();
-    let (code, _, body) = match fetch(&api.client, &url, &[(FORWARDED_BY, &me)]).await {
+    let credential = api.access.forward_header();
+    let mut headers = vec![(FORWARDED_BY, me.as_str())];
+    if let Some(c) = &credential {
+        headers.push(("authorization", c.as_str()));
+    }
+    let (code, _, body) = match fetch(&api.client, &url, &headers).await {
         Ok(answer) => answer,
         Err(e @ FetchError::TooLarge) => {
             return Err(Problem {

@@ -12,9 +12,11 @@
 //!   active (or an acceptable standby), or nowhere yet (a retry-after), from the operator's
 //!   assignment and the workers' reports (pure, tested exhaustively).
 //! - [`api`] serves it and forwards requests ([`params`]: what a request may say and the
-//!   error answers; [`client`]: the HTTP client forwarding uses).
+//!   error answers; [`client`]: the HTTP client forwarding uses; [`auth`]: who may query,
+//!   by Kubernetes RBAC).
 
 pub mod api;
+pub mod auth;
 pub mod client;
 pub mod locate;
 pub mod params;

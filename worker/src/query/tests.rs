@@ -1059,9 +1059,12 @@ async fn serve(status: Arc<Status>) -> String {
         .expect("bind");
     let address = listener.local_addr().expect("address").to_string();
     tokio::spawn(async move {
-        axum::serve(listener, api::router(status))
-            .await
-            .expect("serve");
+        axum::serve(
+            listener,
+            api::router(status, super::auth::Access::Anonymous),
+        )
+        .await
+        .expect("serve");
     });
     address
 }
