@@ -1999,5 +1999,9 @@ mod tests {
             .collect();
         assert_eq!(query.len(), 1);
         assert_eq!(query[0].verbs, ["get"]);
+        assert_eq!(
+            query[0].resource_names.as_deref(),
+            Some(&["pv".to_string()][..])
+        );
     }
 }

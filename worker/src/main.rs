@@ -114,8 +114,8 @@ struct QueryArgs {
     /// Follow `next` and print every page's entries as one answer.
     #[arg(long)]
     all: bool,
-    /// The bearer token to send (e.g. `$(kubectl create token NAME)`). Without it, the token
-    /// of the kubeconfig (KUBECONFIG, or in a pod its ServiceAccount's), if it holds one.
+    /// The bearer token to send (e.g. `$(kubectl create token NAME)`). Without it, to a
+    /// loopback --url only (a port-forward), the token of the kubeconfig, if it holds one.
     #[arg(long, env = "EDDY_QUERY_TOKEN", hide_env_values = true)]
     token: Option<String>,
 }
@@ -457,12 +457,28 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
         ),
         _ => None,
     };
+    // Under the operator: the API server to check tokens with, and this worker's own token,
+    // which it forwards with whether it checks tokens or not (a peer may, mid-rollout).
+    let kube_config =
+        match (&link, cfg.spec.queries_enabled()) {
+            (Some(_), true) => Some(rt.block_on(kube::Config::infer()).context(
+                "reading the Kubernetes client configuration (in-cluster or KUBECONFIG)",
+            )?),
+            _ => None,
+        };
     let queries = match cfg.spec.queries_enabled() {
         true => {
             let served_on = query_rt.as_ref().unwrap_or(&rt);
-            let access =
-                query_access(&cfg, link.as_ref(), a.query_addr.or(a.http_addr), served_on)?;
-            Some(eddy_worker::query::api::router(status.clone(), access))
+            let access = query_access(
+                &cfg,
+                link.as_ref().zip(kube_config.as_ref()),
+                a.query_addr.or(a.http_addr),
+                served_on,
+            )?;
+            let own = kube_config
+                .as_ref()
+                .map(|c| Arc::new(eddy_worker::query::auth::OwnToken::of(&c.auth_info)));
+            Some(eddy_worker::query::api::router(status.clone(), access, own))
         }
         false => None,
     };
@@ -567,13 +583,30 @@ async fn kubeconfig_token() -> Option<String> {
     }
 }
 
+/// Whether `url` names this machine (`localhost`, 127.0.0.0/8, `::1`).
+fn loopback_url(url: &str) -> bool {
+    let Ok(uri) = url.parse::<axum::http::Uri>() else {
+        return false;
+    };
+    match uri
+        .host()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
+    {
+        Some("localhost") => true,
+        Some(h) => h
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
 /// Who may query this worker. Under the operator, Kubernetes RBAC (the reviewer's client made
 /// on `rt`, the runtime serving queries) unless the app says anonymous; a standalone worker has
 /// no API server to ask, so it answers without a credential, and only on loopback unless the
 /// app says anonymous.
 fn query_access(
     cfg: &WorkerConfig,
-    link: Option<&eddy_worker::assignment::Link>,
+    link: Option<(&eddy_worker::assignment::Link, &kube::Config)>,
     served_at: Option<SocketAddr>,
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<eddy_worker::query::auth::Access> {
@@ -581,9 +614,9 @@ fn query_access(
     if cfg.spec.queries_anonymous() {
         return Ok(Access::Anonymous);
     }
-    if let Some(l) = link {
-        let reviewer = rt
-            .block_on(Reviewer::connect(&l.namespace, &l.app))
+    if let Some((l, config)) = link {
+        let _on = rt.enter();
+        let reviewer = Reviewer::connect(config.clone(), &l.namespace, &l.app)
             .context("setting up the query API's token checks")?;
         return Ok(Access::Kubernetes(Arc::new(reviewer)));
     }
@@ -604,9 +637,12 @@ fn query(a: QueryArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let client = eddy_worker::query::client::client();
+    // The kubeconfig's token may be a powerful one: sent only to this machine (a
+    // port-forward), never in clear over a network; elsewhere --token says which to send.
     let token = match a.token {
         Some(t) => Some(t),
-        None => rt.block_on(kubeconfig_token()),
+        None if loopback_url(&base) => rt.block_on(kubeconfig_token()),
+        None => None,
     };
     let authorization = token.map(|t| format!("Bearer {}", t.trim()));
     let get = |url: String| {
@@ -746,5 +782,25 @@ mod tests {
             access(&open, "0.0.0.0:9090"),
             Ok(Access::Anonymous)
         ));
+    }
+
+    #[test]
+    fn the_kubeconfig_s_token_goes_only_to_this_machine() {
+        for url in [
+            "http://127.0.0.1:9091",
+            "http://localhost:9091/",
+            "http://[::1]:9091",
+            "http://127.0.0.2",
+        ] {
+            assert!(loopback_url(url), "{url}");
+        }
+        for url in [
+            "http://pv-query:9091",
+            "http://10.0.0.5:9091",
+            "http://localhost.example.com",
+            "not a url",
+        ] {
+            assert!(!loopback_url(url), "{url}");
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! Every request takes `maxLag` (a number of records, or `any`: a standby may answer) and
 //! pages take `limit` and `after` (the `next` of the previous page).
 
-use super::auth::Access;
+use super::auth::{Access, OwnToken};
 use super::client::{FORWARDED_BY, FetchError, HttpClient, client, fetch};
 use super::locate::{self, Freshness, LocalCopy, Route};
 use super::params::{PAGE, Params, Problem, hex_decode, hex_encode, internal};
@@ -36,8 +36,8 @@ struct Api {
     client: HttpClient,
     /// Requests being answered; beyond [`MAX_IN_FLIGHT`] a request is refused at once.
     in_flight: Arc<tokio::sync::Semaphore>,
-    /// Who may query; also what this worker sends when it forwards.
-    access: Access,
+    /// The credential this worker forwards with (under the operator: its ServiceAccount's).
+    own: Option<Arc<OwnToken>>,
 }
 
 /// Requests one worker answers at once (forwarded ones included); more get a 503 with
@@ -65,13 +65,14 @@ async fn bounded(
     }
 }
 
-/// The query routes, answering from `status.queries` those `access` lets in.
-pub fn router(status: Arc<Status>, access: Access) -> Router {
+/// The query routes, answering from `status.queries` those `access` lets in; forwarding
+/// with `own`'s token.
+pub fn router(status: Arc<Status>, access: Access, own: Option<Arc<OwnToken>>) -> Router {
     let api = Api {
         status,
         client: client(),
         in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
-        access: access.clone(),
+        own,
     };
     Router::new()
         .route("/stores", get(stores))
@@ -752,7 +753,7 @@ async fn forward<T: serde::de::DeserializeOwned>(
         _ => format!("http://{address}{path}"),
     };
     let me = api.status.queries.layout().pod.clone();
-    let credential = api.access.forward_header();
+    let credential = api.own.as_ref().and_then(|o| o.bearer());
     let mut headers = vec![(FORWARDED_BY, me.as_str())];
     if let Some(c) = &credential {
         headers.push(("authorization", c.as_str()));
@@ -775,6 +776,16 @@ async fn forward<T: serde::de::DeserializeOwned>(
     if code.is_success() {
         return serde_json::from_slice(&body)
             .map_err(|e| internal(format!("{pod} answered something unreadable: {e}")));
+    }
+    if code == StatusCode::UNAUTHORIZED || code == StatusCode::FORBIDDEN {
+        // The caller was let in here: it is this worker's own credential that was refused.
+        return Err(Problem {
+            code: StatusCode::BAD_GATEWAY,
+            message: format!(
+                "{pod} refused this worker's own credential ({code}): the app's worker Role must allow `get` on statefulstreamapps/query (the operator makes it), and the worker needs a ServiceAccount token"
+            ),
+            retry: false,
+        });
     }
     Err(peer_problem(pod, code, &body))
 }

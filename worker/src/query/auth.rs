@@ -4,7 +4,9 @@
 //! SelfSubjectAccessReview), and keeps the answer a few seconds. The workers need no right of
 //! their own to judge tokens (a TokenReview would need a ClusterRoleBinding per app), and
 //! every kind of token the API server accepts works. Workers forwarding to each other send
-//! their own ServiceAccount token, which their Role allows. docs/queries.md, "Who may query".
+//! their own ServiceAccount token ([`OwnToken`]), which their Role allows, whether they check
+//! tokens themselves or not (during a rolling update the peer may). docs/queries.md, "Who may
+//! query".
 
 use super::params::Problem;
 use axum::extract::{Request, State};
@@ -17,20 +19,26 @@ use k8s_openapi::api::authorization::v1::{
 use secrecy::ExposeSecret as _;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The subresource a query client must be allowed to `get` on the app.
 pub const QUERY_SUBRESOURCE: &str = "query";
 /// How long an answer of the API server is kept (allowed, denied or not a valid token), as
-/// the API server's own webhook authorizers keep theirs: a revoked right stops working
-/// within it.
+/// the API server's own webhook authorizers keep theirs. A valid token's answer past it is
+/// asked again by the next request with it, while the others go on with the old answer
+/// for at most as long again: a revoked right stops working within 10 s, 20 s at most.
 pub const DECISION_TTL: Duration = Duration::from_secs(10);
-/// Tokens whose answers are kept at once; a flood of different tokens evicts, never grows.
+/// Tokens whose answers are kept at once, of valid tokens and of invalid ones apart: a flood
+/// of forged tokens evicts only forged ones, and nothing grows.
 pub const MAX_CACHED: usize = 4096;
-/// Reviews in flight to the API server at once from one worker: more requests wait (within
-/// the query API's own bounds), so a flood of fresh tokens does not become one on the API server.
+/// Reviews in flight to the API server at once from one worker, so a flood of fresh tokens
+/// does not become one on the API server.
 pub const MAX_REVIEWS: usize = 4;
+/// Requests waiting for a review at once; more get a 503 at once instead of holding a slot
+/// of the query API (a flood of forged tokens would otherwise crowd out valid callers).
+pub const MAX_WAITING: usize = 32;
 /// The longest a token may be (Kubernetes' are about 1 KiB, OIDC ones a few).
 pub const MAX_TOKEN_BYTES: usize = 16 << 10;
 /// How long the API server gets to answer one review before the caller is told to retry.
@@ -47,16 +55,6 @@ pub enum Access {
     Kubernetes(Arc<Reviewer>),
 }
 
-impl Access {
-    /// The `Authorization` value this worker sends when it forwards a query to another.
-    pub fn forward_header(&self) -> Option<String> {
-        match self {
-            Access::Anonymous => None,
-            Access::Kubernetes(r) => r.own.bearer(),
-        }
-    }
-}
-
 /// What the API server said of a token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -71,6 +69,10 @@ pub enum Decision {
 pub enum ReviewError {
     #[error("the Kubernetes API did not answer in time")]
     Timeout,
+    #[error("this worker is checking {MAX_WAITING} other tokens already")]
+    Busy,
+    #[error("the review of this token, asked by another request, failed")]
+    Failed,
     #[error("asking the Kubernetes API: {0}")]
     Api(#[source] kube::Error),
     #[error("writing the review request: {0}")]
@@ -81,8 +83,6 @@ pub enum ReviewError {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    #[error("reading the Kubernetes client configuration (in-cluster or KUBECONFIG)")]
-    Config(#[source] kube::config::InferConfigError),
     #[error("making a Kubernetes client without credentials")]
     Client(#[source] kube::Error),
 }
@@ -94,67 +94,178 @@ pub struct Reviewer {
     api: kube::Client,
     namespace: String,
     app: String,
-    cache: Mutex<HashMap<[u8; 32], (Decision, Instant)>>,
+    /// Answers about valid tokens (allowed or denied).
+    valid: Mutex<HashMap<[u8; 32], (Decision, Instant)>>,
+    /// Tokens the API server did not accept.
+    invalid: Mutex<HashMap<[u8; 32], Instant>>,
+    /// Tokens being reviewed: requests with the same token wait for that one review (a hot
+    /// token's first requests, or its refresh, make one review, not one each).
+    pending: Mutex<HashMap<[u8; 32], Arc<tokio::sync::Notify>>>,
     reviews: tokio::sync::Semaphore,
+    waiting: AtomicUsize,
     /// How long a review may take ([`REVIEW_TIMEOUT`]).
     timeout: Duration,
-    own: OwnToken,
+}
+
+/// A kept answer for a token.
+enum Kept {
+    Fresh(Decision),
+    /// A valid token's answer older than [`DECISION_TTL`], younger than twice that.
+    Stale(Decision),
+    Missing,
+}
+
+/// Ends a token's review when dropped (also when its request is): the waiters look again.
+struct Reviewing<'a> {
+    pending: &'a Mutex<HashMap<[u8; 32], Arc<tokio::sync::Notify>>>,
+    key: [u8; 32],
+}
+
+impl Drop for Reviewing<'_> {
+    fn drop(&mut self) {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = pending.remove(&self.key) {
+            n.notify_waiters();
+        }
+    }
+}
+
+/// Counts a request waiting for a review while it lives (also when its request is dropped).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Reviewer {
-    /// A reviewer for app `app` of `namespace`, from the worker's Kubernetes configuration.
-    /// Must be made on the runtime that serves the queries (its client's connections live there).
-    pub async fn connect(namespace: &str, app: &str) -> Result<Self, SetupError> {
-        let mut config = kube::Config::infer().await.map_err(SetupError::Config)?;
-        let own = OwnToken::of(&config.auth_info);
+    /// A reviewer for app `app` of `namespace`, reaching the API server `config` names (its
+    /// credentials are dropped). Must be made on the runtime that serves the queries (its
+    /// client's connections live there).
+    pub fn connect(
+        mut config: kube::Config,
+        namespace: &str,
+        app: &str,
+    ) -> Result<Self, SetupError> {
         config.auth_info = Default::default();
         let api = kube::Client::try_from(config).map_err(SetupError::Client)?;
-        Ok(Self::new(api, namespace, app, own))
+        Ok(Self::new(api, namespace, app))
     }
 
-    fn new(api: kube::Client, namespace: &str, app: &str, own: OwnToken) -> Self {
+    fn new(api: kube::Client, namespace: &str, app: &str) -> Self {
         Self {
             api,
             namespace: namespace.into(),
             app: app.into(),
-            cache: Mutex::new(HashMap::new()),
+            valid: Mutex::new(HashMap::new()),
+            invalid: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
             reviews: tokio::sync::Semaphore::new(MAX_REVIEWS),
+            waiting: AtomicUsize::new(0),
             timeout: REVIEW_TIMEOUT,
-            own,
         }
     }
 
     /// Whether `token` may query this app: the kept answer, or the API server's.
     pub async fn decide(&self, token: &str) -> Result<Decision, ReviewError> {
         let key = digest(token);
-        if let Some(d) = self.cached(&key) {
-            return Ok(d);
+        let stale = match self.kept(&key) {
+            Kept::Fresh(d) => return Ok(d),
+            Kept::Stale(d) => Some(d),
+            Kept::Missing => None,
+        };
+        // One review per token at a time: the others go on with a stale answer, or wait for it.
+        let waiting_for = {
+            let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            match pending.get(&key) {
+                Some(n) => Some(n.clone()),
+                None => {
+                    pending.insert(key, Arc::new(tokio::sync::Notify::new()));
+                    None
+                }
+            }
+        };
+        if let Some(notify) = waiting_for {
+            if let Some(d) = stale {
+                return Ok(d);
+            }
+            let done = notify.notified();
+            tokio::pin!(done);
+            // Registered before looking again, so the review's end cannot be missed.
+            done.as_mut().enable();
+            if !self.is_pending(&key) {
+                return self.after_review(&key);
+            }
+            done.await;
+            return self.after_review(&key);
         }
-        let _permit = self.reviews.acquire().await;
-        // Another request with the same token may have asked while this one waited.
-        if let Some(d) = self.cached(&key) {
-            return Ok(d);
-        }
+        let _reviewing = Reviewing {
+            pending: &self.pending,
+            key,
+        };
+        let _permit = match self.reviews.try_acquire() {
+            Ok(p) => p,
+            Err(_) => {
+                if self.waiting.fetch_add(1, Ordering::Relaxed) >= MAX_WAITING {
+                    self.waiting.fetch_sub(1, Ordering::Relaxed);
+                    return Err(ReviewError::Busy);
+                }
+                let _waiting = Waiting(&self.waiting);
+                self.reviews
+                    .acquire()
+                    .await
+                    .map_err(|_| ReviewError::Busy)?
+            }
+        };
         let d = tokio::time::timeout(self.timeout, self.review(token))
             .await
             .map_err(|_| ReviewError::Timeout)??;
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= MAX_CACHED {
-            cache.retain(|_, (_, at)| at.elapsed() < DECISION_TTL);
-            if cache.len() >= MAX_CACHED {
-                cache.clear();
-            }
+        match &d {
+            Decision::Unauthenticated => keep(&self.invalid, key, Instant::now()),
+            d => keep(&self.valid, key, (d.clone(), Instant::now())),
         }
-        cache.insert(key, (d.clone(), Instant::now()));
         Ok(d)
     }
 
+    fn is_pending(&self, key: &[u8; 32]) -> bool {
+        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        pending.contains_key(key)
+    }
+
+    /// What a request that waited for another's review of its token gets.
+    fn after_review(&self, key: &[u8; 32]) -> Result<Decision, ReviewError> {
+        match self.kept(key) {
+            Kept::Fresh(d) => Ok(d),
+            _ => Err(ReviewError::Failed),
+        }
+    }
+
+    fn kept(&self, key: &[u8; 32]) -> Kept {
+        let valid = self.valid.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((d, at)) = valid.get(key) {
+            let age = at.elapsed();
+            if age < DECISION_TTL {
+                return Kept::Fresh(d.clone());
+            }
+            if age < 2 * DECISION_TTL {
+                return Kept::Stale(d.clone());
+            }
+        }
+        drop(valid);
+        let invalid = self.invalid.lock().unwrap_or_else(PoisonError::into_inner);
+        match invalid.get(key) {
+            Some(at) if at.elapsed() < DECISION_TTL => Kept::Fresh(Decision::Unauthenticated),
+            _ => Kept::Missing,
+        }
+    }
+
+    #[cfg(test)]
     fn cached(&self, key: &[u8; 32]) -> Option<Decision> {
-        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        cache
-            .get(key)
-            .filter(|(_, at)| at.elapsed() < DECISION_TTL)
-            .map(|(d, _)| d.clone())
+        match self.kept(key) {
+            Kept::Fresh(d) => Some(d),
+            _ => None,
+        }
     }
 
     async fn review(&self, token: &str) -> Result<Decision, ReviewError> {
@@ -208,6 +319,38 @@ impl Reviewer {
     }
 }
 
+/// Keeps an answer in a cache of at most [`MAX_CACHED`]: when full, expired answers go, then
+/// one other (never all: valid callers keep theirs through a flood).
+fn keep<V: Stamped>(cache: &Mutex<HashMap<[u8; 32], V>>, key: [u8; 32], value: V) {
+    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if cache.len() >= MAX_CACHED && !cache.contains_key(&key) {
+        cache.retain(|_, v| v.at().elapsed() < DECISION_TTL);
+        if cache.len() >= MAX_CACHED
+            && let Some(k) = cache.keys().next().copied()
+        {
+            cache.remove(&k);
+        }
+    }
+    cache.insert(key, value);
+}
+
+/// When a kept answer was given.
+trait Stamped {
+    fn at(&self) -> Instant;
+}
+
+impl Stamped for Instant {
+    fn at(&self) -> Instant {
+        *self
+    }
+}
+
+impl Stamped for (Decision, Instant) {
+    fn at(&self) -> Instant {
+        self.1
+    }
+}
+
 fn digest(token: &str) -> [u8; 32] {
     let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
     let mut key = [0u8; 32];
@@ -220,7 +363,8 @@ fn digest(token: &str) -> [u8; 32] {
 pub struct OwnToken {
     file: Option<PathBuf>,
     fixed: Option<String>,
-    read: Mutex<Option<(String, Instant)>>,
+    /// The token last read from `file` (None if it never was) and when it was read or tried.
+    read: Mutex<Option<(Option<String>, Instant)>>,
 }
 
 impl OwnToken {
@@ -238,27 +382,31 @@ impl OwnToken {
         own
     }
 
-    fn bearer(&self) -> Option<String> {
+    /// The `Authorization` value to forward with. The token file is read again once a minute
+    /// (a small file on a tmpfs); a failed read keeps the last token and is tried again a
+    /// minute later.
+    pub fn bearer(&self) -> Option<String> {
         let token = match &self.file {
             Some(path) => {
                 let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
                 match &*read {
                     Some((t, at)) if at.elapsed() < OWN_TOKEN_REFRESH => t.clone(),
-                    _ => match std::fs::read_to_string(path) {
-                        Ok(t) => {
-                            let t = t.trim().to_string();
-                            *read = Some((t.clone(), Instant::now()));
-                            t
-                        }
-                        Err(e) => {
-                            tracing::warn!(
-                                "reading this worker's token {}: {e}; forwarding without it",
-                                path.display()
-                            );
-                            read.as_ref().map(|(t, _)| t.clone())?
-                        }
-                    },
-                }
+                    last => {
+                        let last = last.as_ref().and_then(|(t, _)| t.clone());
+                        let t = match std::fs::read_to_string(path) {
+                            Ok(t) => Some(t.trim().to_string()),
+                            Err(e) => {
+                                tracing::warn!(
+                                    "reading this worker's token {}: {e}; forwarding with the last one read, if any",
+                                    path.display()
+                                );
+                                last
+                            }
+                        };
+                        *read = Some((t.clone(), Instant::now()));
+                        t
+                    }
+                }?
             }
             None => self.fixed.clone()?,
         };
@@ -328,7 +476,13 @@ pub async fn authorize(State(access): State<Access>, req: Request, next: Next) -
         }
         .into_response(),
         Err(e) => {
-            tracing::warn!("checking a query's token: {e:#}");
+            // A flood of fresh tokens makes many of the first two: not one log line each.
+            match e {
+                ReviewError::Busy | ReviewError::Failed => {
+                    tracing::debug!("checking a query's token: {e:#}")
+                }
+                _ => tracing::warn!("checking a query's token: {e:#}"),
+            }
             Problem::retry(format!("the token could not be checked: {e}")).into_response()
         }
     }
@@ -372,11 +526,14 @@ mod tests {
         // Rotated: read again once the kept copy is old; a vanished file keeps the last one.
         std::fs::write(&path, "second")?;
         *own.read.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(("first".into(), Instant::now() - OWN_TOKEN_REFRESH));
+            Some((Some("first".into()), Instant::now() - OWN_TOKEN_REFRESH));
         assert_eq!(own.bearer().as_deref(), Some("Bearer second"));
         std::fs::remove_file(&path)?;
         *own.read.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(("second".into(), Instant::now() - OWN_TOKEN_REFRESH));
+            Some((Some("second".into()), Instant::now() - OWN_TOKEN_REFRESH));
+        assert_eq!(own.bearer().as_deref(), Some("Bearer second"));
+        // The failed read is not tried again on every forward, only after the refresh period.
+        std::fs::write(&path, "third")?;
         assert_eq!(own.bearer().as_deref(), Some("Bearer second"));
         let none = OwnToken::of(&kube::config::AuthInfo::default());
         assert_eq!(none.bearer(), None);
@@ -420,7 +577,7 @@ mod tests {
                         match token.as_str() {
                             "Bearer good" => answer(asked_right, ""),
                             "Bearer other" => answer(false, "no RBAC policy matched"),
-                            "Bearer slow" => {
+                            t if t.starts_with("Bearer slow") => {
                                 tokio::time::sleep(REVIEW_TIMEOUT * 2).await;
                                 answer(true, "")
                             }
@@ -450,8 +607,7 @@ mod tests {
     async fn the_api_server_decides_and_its_answers_are_kept_a_while() {
         use std::sync::atomic::Ordering;
         let (client, asked) = api_server().await;
-        let none = OwnToken::of(&kube::config::AuthInfo::default());
-        let r = Reviewer::new(client, "ns", "app", none);
+        let r = Reviewer::new(client, "ns", "app");
         assert_eq!(r.decide("good").await.ok(), Some(Decision::Allowed));
         assert_eq!(
             r.decide("other").await.ok(),
@@ -469,7 +625,7 @@ mod tests {
         assert_eq!(asked.load(Ordering::SeqCst), 3);
         // Past it: asked again (a revoked right stops working).
         for (_, at) in r
-            .cache
+            .valid
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .values_mut()
@@ -480,8 +636,7 @@ mod tests {
         assert_eq!(asked.load(Ordering::SeqCst), 4);
         // The same token for another app is its own question.
         let (client, _) = api_server().await;
-        let none = OwnToken::of(&kube::config::AuthInfo::default());
-        let elsewhere = Reviewer::new(client, "ns", "another", none);
+        let elsewhere = Reviewer::new(client, "ns", "another");
         assert!(matches!(
             elsewhere.decide("good").await,
             Ok(Decision::Denied(_))
@@ -489,23 +644,124 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_flood_of_fresh_tokens_keeps_the_cache_bounded() {
-        let (client, _) = api_server().await;
-        let none = OwnToken::of(&kube::config::AuthInfo::default());
-        let r = Reviewer::new(client, "ns", "app", none);
+    async fn a_flood_of_forged_tokens_keeps_the_caches_bounded_and_valid_answers_kept() {
+        use std::sync::atomic::Ordering;
+        let (client, asked) = api_server().await;
+        let r = Reviewer::new(client, "ns", "app");
+        assert_eq!(r.decide("good").await.ok(), Some(Decision::Allowed));
         for i in 0..MAX_CACHED + 10 {
             r.decide(&format!("forged-{i}")).await.ok();
         }
-        let kept = r.cache.lock().unwrap_or_else(PoisonError::into_inner).len();
+        let kept = r
+            .invalid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
         assert!(kept <= MAX_CACHED, "{kept} answers kept");
+        let before = asked.load(Ordering::SeqCst);
         assert_eq!(r.decide("good").await.ok(), Some(Decision::Allowed));
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            before,
+            "the valid answer was kept"
+        );
+    }
+
+    /// Many requests with one new token make one review, and so does its refresh: the
+    /// others wait for it, then go on with the old answer while it is renewed.
+    #[tokio::test]
+    async fn one_token_is_reviewed_once_however_many_requests_carry_it() {
+        use std::sync::atomic::Ordering;
+        let (client, asked) = api_server().await;
+        let r = Arc::new(Reviewer::new(client, "ns", "app"));
+        let all = |r: &Arc<Reviewer>| {
+            let calls: Vec<_> = (0..200)
+                .map(|_| {
+                    let r = r.clone();
+                    tokio::spawn(async move { r.decide("good").await.ok() })
+                })
+                .collect();
+            async move {
+                let mut answers = Vec::new();
+                for c in calls {
+                    answers.push(c.await.ok().flatten());
+                }
+                answers
+            }
+        };
+        let answers = all(&r).await;
+        assert!(
+            answers.iter().all(|a| *a == Some(Decision::Allowed)),
+            "{answers:?}"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 1);
+        // Past the TTL: one refresh, nobody refused meanwhile.
+        for (_, at) in r
+            .valid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values_mut()
+        {
+            *at -= DECISION_TTL;
+        }
+        let answers = all(&r).await;
+        assert!(
+            answers.iter().all(|a| *a == Some(Decision::Allowed)),
+            "{answers:?}"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
+        // Past twice the TTL an answer is not used at all: asked before answering.
+        for (_, at) in r
+            .valid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values_mut()
+        {
+            *at -= 2 * DECISION_TTL;
+        }
+        assert_eq!(r.decide("good").await.ok(), Some(Decision::Allowed));
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+        assert!(
+            r.pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty()
+        );
+    }
+
+    /// Beyond the reviews in flight and the requests allowed to wait for one, a request is
+    /// told to retry at once instead of holding a slot of the query API.
+    #[tokio::test]
+    async fn requests_beyond_the_review_queue_are_refused_at_once() {
+        let (client, _) = api_server().await;
+        let mut r = Reviewer::new(client, "ns", "app");
+        r.timeout = Duration::from_millis(100);
+        let r = Arc::new(r);
+        let n = MAX_REVIEWS + MAX_WAITING + 8;
+        let calls: Vec<_> = (0..n)
+            .map(|i| {
+                let r = r.clone();
+                tokio::spawn(async move { r.decide(&format!("slow-{i}")).await })
+            })
+            .collect();
+        let mut busy = 0;
+        for c in calls {
+            if matches!(c.await, Ok(Err(ReviewError::Busy))) {
+                busy += 1;
+            }
+        }
+        assert!(busy >= 8, "{busy} of {n} refused at once");
+        assert_eq!(
+            r.waiting.load(Ordering::Relaxed),
+            0,
+            "every waiter counted out"
+        );
     }
 
     #[tokio::test]
     async fn an_api_server_that_does_not_answer_is_a_retry_not_a_decision() {
         let (client, _) = api_server().await;
-        let none = OwnToken::of(&kube::config::AuthInfo::default());
-        let mut r = Reviewer::new(client, "ns", "app", none);
+        let mut r = Reviewer::new(client, "ns", "app");
         r.timeout = Duration::from_millis(200);
         assert!(matches!(r.decide("slow").await, Err(ReviewError::Timeout)));
         assert!(r.cached(&digest("slow")).is_none());
@@ -516,8 +772,7 @@ mod tests {
     #[tokio::test]
     async fn requests_are_answered_by_what_their_token_may_do() {
         let (client, _) = api_server().await;
-        let none = OwnToken::of(&kube::config::AuthInfo::default());
-        let access = Access::Kubernetes(Arc::new(Reviewer::new(client, "ns", "app", none)));
+        let access = Access::Kubernetes(Arc::new(Reviewer::new(client, "ns", "app")));
         let app = axum::Router::new()
             .route("/stores", axum::routing::get(|| async { "the stores" }))
             .layer(axum::middleware::from_fn_with_state(access, authorize));

@@ -1061,7 +1061,7 @@ async fn serve(status: Arc<Status>) -> String {
     tokio::spawn(async move {
         axum::serve(
             listener,
-            api::router(status, super::auth::Access::Anonymous),
+            api::router(status, super::auth::Access::Anonymous, None),
         )
         .await
         .expect("serve");
