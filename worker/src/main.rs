@@ -474,6 +474,7 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
                 link.as_ref().zip(kube_config.as_ref()),
                 a.query_addr.or(a.http_addr),
                 served_on,
+                &metrics,
             )?;
             let own = kube_config
                 .as_ref()
@@ -609,6 +610,7 @@ fn query_access(
     link: Option<(&eddy_worker::assignment::Link, &kube::Config)>,
     served_at: Option<SocketAddr>,
     rt: &tokio::runtime::Runtime,
+    metrics: &Arc<Metrics>,
 ) -> anyhow::Result<eddy_worker::query::auth::Access> {
     use eddy_worker::query::auth::{Access, Reviewer};
     if cfg.spec.queries_anonymous() {
@@ -617,7 +619,8 @@ fn query_access(
     if let Some((l, config)) = link {
         let _on = rt.enter();
         let reviewer = Reviewer::connect(config.clone(), &l.namespace, &l.app)
-            .context("setting up the query API's token checks")?;
+            .context("setting up the query API's token checks")?
+            .with_metrics(metrics.clone());
         return Ok(Access::Kubernetes(Arc::new(reviewer)));
     }
     match served_at {
@@ -761,7 +764,8 @@ mod tests {
             .build()
             .expect("runtime");
         let at = |a: &str| a.parse::<SocketAddr>().ok();
-        let access = |cfg: &WorkerConfig, addr| query_access(cfg, None, at(addr), &rt);
+        let metrics = Arc::new(Metrics::new());
+        let access = |cfg: &WorkerConfig, addr| query_access(cfg, None, at(addr), &rt, &metrics);
         let closed = app("");
         assert!(matches!(
             access(&closed, "127.0.0.1:9091"),

@@ -76,6 +76,12 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// A query token's review: `allowed`, `denied`, `unauthenticated` or `error`.
+    pub result: String,
+}
+
 /// Something that knows how much memory one part of the process holds, read at each scrape
 /// of `eddy_memory_bytes` (RocksDB's shared cache, the allocator).
 pub trait MemoryUse: Send + Sync {
@@ -156,6 +162,9 @@ pub struct Metrics {
     pub standby_tasks: Family<RoleLabels, Gauge>,
     pub standby_lag: Family<StoreLabels, Gauge>,
     pub standby_updated: Family<StoreLabels, Counter>,
+    pub query_token_reviews: Family<ResultLabels, Counter>,
+    pub query_token_review_seconds: Histogram,
+    pub queries_refused: Family<ReasonLabels, Counter>,
     /// The partitions `consumer_lag` has series for (a Family cannot list its own).
     lag_partitions: Mutex<HashSet<PartitionLabels>>,
     memory: MemoryCollector,
@@ -189,6 +198,9 @@ impl Metrics {
             standby_tasks: Family::default(),
             standby_lag: Family::default(),
             standby_updated: Family::default(),
+            query_token_reviews: Family::default(),
+            query_token_review_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            queries_refused: Family::default(),
             lag_partitions: Mutex::default(),
             memory: MemoryCollector::default(),
             registry: Registry::default(),
@@ -280,6 +292,21 @@ impl Metrics {
             "standby_updated_records",
             "Changelog records applied to standby and warm-up stores, per task and store",
             m.standby_updated.clone(),
+        );
+        r.register(
+            "query_token_reviews",
+            "Query tokens reviewed by the Kubernetes API server (one per token per 10 s), by result: allowed, denied, unauthenticated, error",
+            m.query_token_reviews.clone(),
+        );
+        r.register(
+            "query_token_review_duration_seconds",
+            "Time the Kubernetes API server took to review a query token",
+            m.query_token_review_seconds.clone(),
+        );
+        r.register(
+            "queries_refused",
+            "Queries refused before they were read, by reason: unauthenticated (401), forbidden (403), review_unavailable (503: the token could not be checked)",
+            m.queries_refused.clone(),
         );
         registry.register_collector(Box::new(m.memory.clone()));
         // Standard names, without the prefix.

@@ -506,6 +506,26 @@ fn latency(
     let local_cpu = per_get(&local, c1, c2, idle);
     let forwarded_cpu = per_get(&forwarded, c2, c3, idle);
     let steady = processed(env, ns, app) - before;
+    if token.is_some() {
+        // The workers' reviews of tokens over the app's life (both pods): how many, how long.
+        let sum = |metric: &str, filters: &[&str]| {
+            (0..2)
+                .filter_map(|i| env.pod_metrics(ns, &format!("{app}-{i}")).ok())
+                .map(|t| sum_metric(&t, metric, filters))
+                .sum::<f64>()
+        };
+        let h = "eddy_query_token_review_duration_seconds";
+        let count = sum(&format!("{h}_count"), &[]);
+        eprintln!(
+            "query-bench: {app}: {count:.0} token reviews ({:.0} allowed), {:.1} ms on average, {:.0} over 16 ms, {:.0} over 64 ms; {:.0} queries refused",
+            sum("eddy_query_token_reviews_total", &["allowed"]),
+            sum(&format!("{h}_sum"), &[]) / count.max(1.0) * 1e3,
+            count - sum(&format!("{h}_bucket"), &["le=\"0.016\""]),
+            count - sum(&format!("{h}_bucket"), &["le=\"0.064\""]),
+            // + 0.0: an empty sum is -0.0.
+            sum("eddy_queries_refused_total", &[]) + 0.0,
+        );
+    }
     load.stop()?;
     env.kubectl(&["-n", ns, "delete", "ssapp", app, "--wait=true"], None)?;
     Ok(Latency {

@@ -9,6 +9,7 @@
 //! query".
 
 use super::params::Problem;
+use crate::metrics::{Metrics, ReasonLabels, ResultLabels};
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -105,6 +106,7 @@ pub struct Reviewer {
     waiting: AtomicUsize,
     /// How long a review may take ([`REVIEW_TIMEOUT`]).
     timeout: Duration,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// A kept answer for a token.
@@ -164,6 +166,24 @@ impl Reviewer {
             reviews: tokio::sync::Semaphore::new(MAX_REVIEWS),
             waiting: AtomicUsize::new(0),
             timeout: REVIEW_TIMEOUT,
+            metrics: None,
+        }
+    }
+
+    /// Counts reviews, their time and refusals in `metrics` (`eddy_query_token_reviews_total`,
+    /// `eddy_query_token_review_duration_seconds`, `eddy_queries_refused_total`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn refused(&self, reason: &str) {
+        if let Some(m) = &self.metrics {
+            m.queries_refused
+                .get_or_create(&ReasonLabels {
+                    reason: reason.into(),
+                })
+                .inc();
         }
     }
 
@@ -218,9 +238,27 @@ impl Reviewer {
                     .map_err(|_| ReviewError::Busy)?
             }
         };
+        let started = Instant::now();
         let d = tokio::time::timeout(self.timeout, self.review(token))
             .await
-            .map_err(|_| ReviewError::Timeout)??;
+            .map_err(|_| ReviewError::Timeout)
+            .and_then(|d| d);
+        if let Some(m) = &self.metrics {
+            let result = match &d {
+                Ok(Decision::Allowed) => "allowed",
+                Ok(Decision::Denied(_)) => "denied",
+                Ok(Decision::Unauthenticated) => "unauthenticated",
+                Err(_) => "error",
+            };
+            m.query_token_reviews
+                .get_or_create(&ResultLabels {
+                    result: result.into(),
+                })
+                .inc();
+            m.query_token_review_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        let d = d?;
         match &d {
             Decision::Unauthenticated => keep(&self.invalid, key, Instant::now()),
             d => keep(&self.valid, key, (d.clone(), Instant::now())),
@@ -458,24 +496,35 @@ pub async fn authorize(State(access): State<Access>, req: Request, next: Next) -
     let token = match bearer(&req) {
         Ok(Some(t)) => t,
         Ok(None) => {
+            reviewer.refused("unauthenticated");
             return unauthorized(
                 "a query needs a bearer token (Authorization: Bearer <token>), e.g. `kubectl create token <serviceaccount>` or `eddy-worker query --token`; see docs/queries.md, \"Who may query\"",
             );
         }
-        Err(why) => return unauthorized(why),
+        Err(why) => {
+            reviewer.refused("unauthenticated");
+            return unauthorized(why);
+        }
     };
     match reviewer.decide(token).await {
         Ok(Decision::Allowed) => next.run(req).await,
-        Ok(Decision::Unauthenticated) => unauthorized(
-            "the bearer token is not one the Kubernetes API server accepts (expired, or of another cluster)",
-        ),
-        Ok(Decision::Denied(reason)) => Problem {
-            code: StatusCode::FORBIDDEN,
-            message: reviewer.denied(&reason),
-            retry: false,
+        Ok(Decision::Unauthenticated) => {
+            reviewer.refused("unauthenticated");
+            unauthorized(
+                "the bearer token is not one the Kubernetes API server accepts (expired, or of another cluster)",
+            )
         }
-        .into_response(),
+        Ok(Decision::Denied(reason)) => {
+            reviewer.refused("forbidden");
+            Problem {
+                code: StatusCode::FORBIDDEN,
+                message: reviewer.denied(&reason),
+                retry: false,
+            }
+            .into_response()
+        }
         Err(e) => {
+            reviewer.refused("review_unavailable");
             // A flood of fresh tokens makes many of the first two: not one log line each.
             match e {
                 ReviewError::Busy | ReviewError::Failed => {
@@ -772,7 +821,10 @@ mod tests {
     #[tokio::test]
     async fn requests_are_answered_by_what_their_token_may_do() {
         let (client, _) = api_server().await;
-        let access = Access::Kubernetes(Arc::new(Reviewer::new(client, "ns", "app")));
+        let metrics = Arc::new(Metrics::new());
+        let access = Access::Kubernetes(Arc::new(
+            Reviewer::new(client, "ns", "app").with_metrics(metrics.clone()),
+        ));
         let app = axum::Router::new()
             .route("/stores", axum::routing::get(|| async { "the stores" }))
             .layer(axum::middleware::from_fn_with_state(access, authorize));
@@ -812,5 +864,16 @@ mod tests {
         );
         let (code, _, body) = call(Some("Bearer good")).await;
         assert_eq!((code, body.as_str()), (StatusCode::OK, "the stores"));
+        // What an operator sees of it.
+        let text = metrics.encode();
+        for line in [
+            r#"eddy_queries_refused_total{reason="unauthenticated"} 2"#,
+            r#"eddy_queries_refused_total{reason="forbidden"} 1"#,
+            r#"eddy_query_token_reviews_total{result="allowed"} 1"#,
+            r#"eddy_query_token_reviews_total{result="unauthenticated"} 1"#,
+            "eddy_query_token_review_duration_seconds_count 3",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
     }
 }
