@@ -273,22 +273,22 @@ fn query_load(
 }
 
 /// Sum of a metric over both pods of `app`.
-fn pods_sum(env: &Operated, ns: &str, app: &str, metric: &str) -> f64 {
+fn pods_sum(env: &Operated, ns: &str, app: &str, metric: &str, filters: &[&str]) -> f64 {
     (0..2)
         .filter_map(|i| env.pod_metrics(ns, &format!("{app}-{i}")).ok())
-        .map(|t| sum_metric(&t, metric, &[]))
+        .map(|t| sum_metric(&t, metric, filters))
         .sum()
 }
 
 /// Records processed by both pods of `app`.
 fn processed(env: &Operated, ns: &str, app: &str) -> f64 {
-    pods_sum(env, ns, app, "eddy_records_processed_total")
+    pods_sum(env, ns, app, "eddy_records_processed_total", &[])
 }
 
 /// CPU-seconds both pods' workers have used, and this process.
 fn cpu(env: &Operated, ns: &str, app: &str) -> Result<(f64, f64)> {
     let (_, me) = proc_stats(std::process::id())?;
-    Ok((pods_sum(env, ns, app, "process_cpu_seconds_total"), me))
+    Ok((pods_sum(env, ns, app, "process_cpu_seconds_total", &[]), me))
 }
 
 /// CPU µs per get of a phase, the workers' and the client's, beyond `idle` (their CPU-s a
@@ -508,12 +508,7 @@ fn latency(
     let steady = processed(env, ns, app) - before;
     if token.is_some() {
         // The workers' reviews of tokens over the app's life (both pods): how many, how long.
-        let sum = |metric: &str, filters: &[&str]| {
-            (0..2)
-                .filter_map(|i| env.pod_metrics(ns, &format!("{app}-{i}")).ok())
-                .map(|t| sum_metric(&t, metric, filters))
-                .sum::<f64>()
-        };
+        let sum = |metric: &str, filters: &[&str]| pods_sum(env, ns, app, metric, filters);
         let h = "eddy_query_token_review_duration_seconds";
         let count = sum(&format!("{h}_count"), &[]);
         eprintln!(

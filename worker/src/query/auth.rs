@@ -589,6 +589,14 @@ mod tests {
         Ok(())
     }
 
+    /// Makes every kept answer about a valid token `by` older.
+    fn age(r: &Reviewer, by: Duration) {
+        let mut valid = r.valid.lock().unwrap_or_else(PoisonError::into_inner);
+        for (_, at) in valid.values_mut() {
+            *at -= by;
+        }
+    }
+
     /// A stand-in API server answering SelfSubjectAccessReviews by token: `good` may query,
     /// `other` may not, `slow` gets no answer, anything else is not a token; it counts reviews.
     async fn api_server() -> (kube::Client, Arc<std::sync::atomic::AtomicUsize>) {
@@ -673,14 +681,7 @@ mod tests {
         }
         assert_eq!(asked.load(Ordering::SeqCst), 3);
         // Past it: asked again (a revoked right stops working).
-        for (_, at) in r
-            .valid
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values_mut()
-        {
-            *at -= DECISION_TTL;
-        }
+        age(&r, DECISION_TTL);
         assert_eq!(r.decide("good").await.ok(), Some(Decision::Allowed));
         assert_eq!(asked.load(Ordering::SeqCst), 4);
         // The same token for another app is its own question.
@@ -745,14 +746,7 @@ mod tests {
         );
         assert_eq!(asked.load(Ordering::SeqCst), 1);
         // Past the TTL: one refresh, nobody refused meanwhile.
-        for (_, at) in r
-            .valid
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values_mut()
-        {
-            *at -= DECISION_TTL;
-        }
+        age(&r, DECISION_TTL);
         let answers = all(&r).await;
         assert!(
             answers.iter().all(|a| *a == Some(Decision::Allowed)),
@@ -760,14 +754,7 @@ mod tests {
         );
         assert_eq!(asked.load(Ordering::SeqCst), 2);
         // Past twice the TTL an answer is not used at all: asked before answering.
-        for (_, at) in r
-            .valid
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values_mut()
-        {
-            *at -= 2 * DECISION_TTL;
-        }
+        age(&r, 2 * DECISION_TTL);
         assert_eq!(r.decide("good").await.ok(), Some(Decision::Allowed));
         assert_eq!(asked.load(Ordering::SeqCst), 3);
         assert!(

@@ -273,15 +273,21 @@ mod tests {
         assert!(reader.read().map.is_empty() && reader.read().checkpoint.is_none());
     }
 
-    #[test]
-    fn the_last_entry_of_a_range_is_read_from_its_end() {
-        use crate::store::View as _;
+    /// A store holding the keys a, b, c and d, each its own value.
+    fn abcd() -> MemoryStore {
         let s = MemoryStore::default();
         let changes: Vec<_> = [b"a", b"b", b"c", b"d"]
             .iter()
             .map(|k| (k.to_vec(), Some(k.to_vec())))
             .collect();
         s.apply([], &changes, Mark::default());
+        s
+    }
+
+    #[test]
+    fn the_last_entry_of_a_range_is_read_from_its_end() {
+        use crate::store::View as _;
+        let s = abcd();
         let v = s.view(None);
         let last = |from: &[u8], to: &[u8]| v.last_in("s", from, to).ok().flatten().map(|e| e.0);
         assert_eq!(
@@ -297,12 +303,7 @@ mod tests {
 
     #[test]
     fn ranges_are_bounded_and_in_key_order() {
-        let s = MemoryStore::default();
-        let changes: Vec<_> = [b"a", b"b", b"c", b"d"]
-            .iter()
-            .map(|k| (k.to_vec(), Some(k.to_vec())))
-            .collect();
-        s.apply([], &changes, Mark::default());
+        let s = abcd();
         let d = s.read();
         let keys = |e: Entries| e.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
         assert_eq!(
