@@ -14,6 +14,9 @@ pub struct AppManifest {
     /// `metadata.name`, when the file is a whole manifest.
     pub name: Option<String>,
     pub spec: AppSpec,
+    /// Where the spec's fields are in the file, for error messages: `spec.` in a whole
+    /// manifest, nothing in a bare spec.
+    pub spec_path: &'static str,
 }
 
 impl AppManifest {
@@ -108,7 +111,11 @@ pub fn parse_app(text: &str) -> Result<AppManifest, ManifestError> {
     if api_version.is_none() && kind.is_none() {
         let spec: AppSpec = serde_yaml::from_str(text).map_err(yaml)?;
         validate(&spec, "")?;
-        return Ok(AppManifest { name: None, spec });
+        return Ok(AppManifest {
+            name: None,
+            spec,
+            spec_path: "",
+        });
     }
     if api_version.as_deref() != Some(API_VERSION) {
         return Err(invalid(
@@ -136,6 +143,7 @@ pub fn parse_app(text: &str) -> Result<AppManifest, ManifestError> {
     Ok(AppManifest {
         name: whole.metadata.name,
         spec,
+        spec_path: "spec.",
     })
 }
 

@@ -176,3 +176,68 @@ fn check_draws_joins_as_a_graph_with_their_tables() -> Result<()> {
     }
     Ok(())
 }
+
+/// A bad app file gets one line on stderr: what is wrong, where (the step and the line), and
+/// each cause once, exactly as written here; the exit status is 1 and nothing is printed on
+/// stdout.
+#[test]
+fn check_says_each_error_once() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("new.yaml");
+    let path = file.display();
+    let unknown_field = app("    - filter: {where: '.ok'}\n");
+    let bad_expression = app("    - filter: '.a =='\n");
+    let no_from = "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {name: pv}\nspec:\n  topology:\n    - count: {store: views}\n";
+    for (text, want) in [
+        (
+            unknown_field.as_str(),
+            format!(
+                "error: app file {path}: spec.topology[1].filter: invalid type: map, expected a string at line 7 column 15\n"
+            ),
+        ),
+        (
+            "apiVersion: eddy.dev/v1alpha1\nspec: [\n",
+            format!(
+                "error: app file {path}: not valid YAML: did not find expected node content at line 3 column 1, while parsing a flow node\n"
+            ),
+        ),
+        (
+            no_from,
+            format!(
+                "error: app file {path}: spec.topology[0]: the first step must be `from: {{topic: ...}}`\n"
+            ),
+        ),
+        (bad_expression.as_str(), String::new()),
+    ] {
+        let (code, out, err) = check(dir.path(), text, None, None)?;
+        ensure!(code == 1 && out.is_empty(), "exit {code}\n{out}{err}");
+        if want.is_empty() {
+            // jq's own message may change with jaq: the step, the expression, said once.
+            ensure!(
+                err.starts_with(&format!(
+                    "error: app file {path}: spec.topology[1]: invalid jq expression `.a ==`"
+                )) && err.matches(".a ==").count() == 1
+                    && err.lines().count() == 1,
+                "{err}"
+            );
+        } else {
+            ensure!(err == want, "got  {err:?}\nwant {want:?}");
+        }
+    }
+    let missing = dir.path().join("missing.yaml");
+    let out = Command::new(binary("eddy-worker")?)
+        .args(["check", "-f"])
+        .arg(&missing)
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(1)
+            && err
+                == format!(
+                    "error: cannot read app file {}: No such file or directory (os error 2)\n",
+                    missing.display()
+                ),
+        "{err}"
+    );
+    Ok(())
+}

@@ -43,11 +43,11 @@ const INSTANCE: &str = "app.kubernetes.io/instance";
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
+    Kube(kube::Error),
     #[error("{0}")]
     Kafka(String),
     #[error("encoding an object: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     #[error("finalizer: {0}")]
     Finalizer(String),
     /// The API server refused a status write that changes the assignment because what it
@@ -57,7 +57,27 @@ pub enum Error {
     Conflict,
     /// A status write's JSON Patch does not apply to the status it was made from (a bug).
     #[error("the status patch does not apply to the status read: {0}")]
-    StatusPatch(#[from] json_patch::PatchError),
+    StatusPatch(json_patch::PatchError),
+}
+
+// By hand rather than `#[from]`, which would also make the cause the error's `source()`:
+// the text already holds it, and error reports print each cause once.
+impl From<kube::Error> for Error {
+    fn from(e: kube::Error) -> Self {
+        Error::Kube(e)
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::Json(e)
+    }
+}
+
+impl From<json_patch::PatchError> for Error {
+    fn from(e: json_patch::PatchError) -> Self {
+        Error::StatusPatch(e)
+    }
 }
 
 pub struct Ctx {
@@ -504,7 +524,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         .collect();
     // Credentials are read from the app's Secrets on each reconcile and kept in memory.
     let conn = match kafka::connect(&ctx.client, &ns, &app.spec).await {
-        Err(kafka::CredentialsError::Unavailable { source, .. }) => return Err(source.into()),
+        Err(kafka::CredentialsError::Unavailable { cause: source, .. }) => {
+            return Err(source.into());
+        }
         conn => conn,
     };
     let kafka_facts = async {

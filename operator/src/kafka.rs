@@ -97,12 +97,11 @@ pub enum CredentialsError {
         name: String,
     },
     /// The API server did not answer: retried, not a problem of the app.
-    #[error("reading secret {namespace}/{name}: {source}")]
+    #[error("reading secret {namespace}/{name}: {cause}")]
     Unavailable {
         namespace: String,
         name: String,
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
 }
 
@@ -162,7 +161,7 @@ pub async fn connect(
                             return Err(CredentialsError::Unavailable {
                                 namespace: namespace.into(),
                                 name: r.name.clone(),
-                                source,
+                                cause: source,
                             });
                         }
                     };

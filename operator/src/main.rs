@@ -13,7 +13,8 @@ use std::sync::Arc;
 #[command(
     name = "eddy-operator",
     version,
-    about = "Runs eddy apps on Kubernetes"
+    about = "Runs eddy apps on Kubernetes",
+    after_help = "Exit status: 0 stopped on SIGTERM or done; 1 error (printed on stderr as `error: ` and each cause once); 2 bad command line."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -74,9 +75,20 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     eddy_telemetry::logging::init(cli.log_format, "info,kube=warn");
+    // As eddy-worker prints its errors: one line, each cause once.
+    main_of(cli).map_or_else(
+        |e| {
+            eprintln!("error: {}", eddy_telemetry::report::Report(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        },
+        |()| std::process::ExitCode::SUCCESS,
+    )
+}
+
+fn main_of(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Crd => {
             print!("{}", serde_yaml::to_string(&eddy_crds::resource::crd())?);

@@ -3,9 +3,11 @@
 //! `process_open_fds`, ...) under the names every Prometheus client library uses, so the
 //! usual dashboards and alerts work. prometheus-client has no process collector, and no crate
 //! in the tree reads `/proc`: [`ProcessCollector`] reads it at scrape time (Linux only; other
-//! systems export none of these). [`logging`] sets up both binaries' log output.
+//! systems export none of these). [`logging`] sets up both binaries' log output, [`report`] how
+//! they print an error.
 
 pub mod logging;
+pub mod report;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};

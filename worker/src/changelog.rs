@@ -15,12 +15,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopicError {
-    #[error("cannot reach Kafka at {servers}: {source}")]
-    Unreachable {
-        servers: String,
-        #[source]
-        source: KafkaError,
-    },
+    #[error("cannot reach Kafka at {servers}: {cause}")]
+    Unreachable { servers: String, cause: KafkaError },
     #[error("topic {topic:?} does not exist: create it first (it is {role})")]
     Missing { topic: String, role: &'static str },
     #[error(
@@ -39,7 +35,7 @@ pub enum TopicError {
     #[error(transparent)]
     Plan(topics::PlanError),
     #[error("starting an async runtime for the Kafka admin client: {0}")]
-    Runtime(#[source] std::io::Error),
+    Runtime(std::io::Error),
     #[error("reading the configs of topic {topic:?}: {code}")]
     Configs {
         topic: String,
@@ -52,7 +48,7 @@ impl TopicError {
     /// updater, global tables): the same code, so it is retried or not alike.
     pub fn into_kafka(self) -> KafkaError {
         match self {
-            TopicError::Unreachable { source, .. } => source,
+            TopicError::Unreachable { cause: source, .. } => source,
             TopicError::Create { code, .. } | TopicError::Configs { code, .. } => {
                 KafkaError::AdminOp(code)
             }
@@ -63,7 +59,7 @@ impl TopicError {
     /// True when the error can go away by itself (Kafka unreachable or slow to answer).
     pub fn is_transient(&self) -> bool {
         match self {
-            TopicError::Unreachable { source, .. } => !crate::fault::is_fatal(source),
+            TopicError::Unreachable { cause: source, .. } => !crate::fault::is_fatal(source),
             TopicError::Create { code, .. } | TopicError::Configs { code, .. } => {
                 !crate::fault::is_fatal_code(*code)
                     && !matches!(
@@ -234,7 +230,7 @@ pub fn describe(
 ) -> Result<(PartitionCounts, usize), TopicError> {
     let unreachable = |source| TopicError::Unreachable {
         servers: cfg.bootstrap_servers.clone(),
-        source,
+        cause: source,
     };
     let consumer: BaseConsumer = cfg.client_config().create().map_err(unreachable)?;
     let md = consumer
@@ -337,7 +333,7 @@ fn describe_configs(
             .create()
             .map_err(|source| TopicError::Unreachable {
                 servers: cfg.bootstrap_servers.clone(),
-                source,
+                cause: source,
             })?;
     let specs: Vec<ResourceSpecifier<'_>> =
         names.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
@@ -345,7 +341,7 @@ fn describe_configs(
     let results = block_on(admin.describe_configs(&specs, &opts))?.map_err(|source| {
         TopicError::Unreachable {
             servers: cfg.bootstrap_servers.clone(),
-            source,
+            cause: source,
         }
     })?;
     names
@@ -441,7 +437,7 @@ fn create(cfg: &WorkerConfig, topics: &[&InternalTopic], rf: i32) -> Result<(), 
             .create()
             .map_err(|source| TopicError::Unreachable {
                 servers: cfg.bootstrap_servers.clone(),
-                source,
+                cause: source,
             })?;
     let new: Vec<NewTopic<'_>> = topics
         .iter()

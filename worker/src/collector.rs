@@ -205,7 +205,7 @@ impl Collector {
                     return Err(ProcessError::Send {
                         topic: topic.to_string(),
                         partition,
-                        source,
+                        cause: source,
                     });
                 }
             }

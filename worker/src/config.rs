@@ -10,23 +10,26 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read app file {path}: {source}")]
+    #[error("cannot read app file {path}: {cause}")]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("app file {path}: {source}")]
-    Manifest {
-        path: PathBuf,
-        #[source]
-        source: ManifestError,
-    },
-    #[error("app file {path}: {source}")]
+    #[error("app file {path}: {cause}")]
+    Manifest { path: PathBuf, cause: ManifestError },
+    /// `spec` is where the spec's fields are in the file (`spec.` or nothing).
+    #[error("app file {path}: {spec}{cause}")]
     Topology {
         path: PathBuf,
-        #[source]
-        source: TopologyError,
+        spec: &'static str,
+        cause: TopologyError,
+    },
+    /// A field of the file; `field` is its whole path in the file.
+    #[error("app file {path}: {field}: {message}")]
+    Field {
+        path: PathBuf,
+        field: String,
+        message: String,
     },
     #[error("{field}: {message}")]
     Invalid {
@@ -114,7 +117,7 @@ impl WorkerConfig {
     pub fn load(path: &Path, o: Overrides) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })?;
         Self::from_text(&text, path, o)
     }
@@ -122,65 +125,67 @@ impl WorkerConfig {
     pub fn from_text(text: &str, path: &Path, o: Overrides) -> Result<Self, ConfigError> {
         let manifest = parse_app(text).map_err(|source| ConfigError::Manifest {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })?;
+        let at = manifest.spec_path;
+        let bad = |field: &str, message: String| ConfigError::Field {
+            path: path.to_path_buf(),
+            field: format!("{at}{field}"),
+            message,
+        };
         let application_id = o
             .application_id
             .or_else(|| manifest.application_id().map(str::to_string))
-            .ok_or(ConfigError::Invalid {
-                field: "applicationId",
-                message: "missing: set spec.applicationId, metadata.name or --application-id"
-                    .into(),
+            .ok_or_else(|| {
+                bad(
+                    "applicationId",
+                    "missing: set spec.applicationId, metadata.name or --application-id".into(),
+                )
             })?;
-        eddy_crds::topics::check_name(&application_id).map_err(|message| ConfigError::Invalid {
-            field: "applicationId",
-            message,
-        })?;
+        eddy_crds::topics::check_name(&application_id)
+            .map_err(|message| bad("applicationId", message))?;
         let resource_name = manifest.name.clone();
         let spec = manifest.spec;
         let bootstrap_servers = o
             .bootstrap_servers
             .or_else(|| spec.kafka.bootstrap_servers.clone())
-            .ok_or(ConfigError::Invalid {
-                field: "kafka.bootstrapServers",
-                message: "missing: set it in the app file or pass --bootstrap-servers".into(),
+            .ok_or_else(|| {
+                bad(
+                    "kafka.bootstrapServers",
+                    "missing: set it in the app file or pass --bootstrap-servers".into(),
+                )
             })?;
         let guarantee = spec.processing_guarantee;
         let commit_interval = Duration::from_millis(spec.commit_interval_ms());
         let transaction_timeout = Duration::from_millis(spec.transaction_timeout_ms());
         let budget = match spec.memory.as_ref().and_then(|m| m.budget.as_deref()) {
-            Some(q) => parse_quantity(q).map_err(|message| ConfigError::Invalid {
-                field: "memory.budget",
-                message,
-            })?,
+            Some(q) => parse_quantity(q).map_err(|message| bad("memory.budget", message))?,
             None => DEFAULT_MEMORY_BUDGET,
         };
         if budget < 16 << 20 {
-            return Err(ConfigError::Invalid {
-                field: "memory.budget",
-                message: format!("{budget} bytes is too small: give at least 16Mi"),
-            });
+            return Err(bad(
+                "memory.budget",
+                format!("{budget} bytes is too small: give at least 16Mi"),
+            ));
         }
         let record_cache_bytes = match spec.memory.as_ref().and_then(|m| m.record_cache.as_deref())
         {
-            Some(q) => parse_quantity(q).map_err(|message| ConfigError::Invalid {
-                field: "memory.recordCache",
-                message,
-            })?,
+            Some(q) => parse_quantity(q).map_err(|message| bad("memory.recordCache", message))?,
             None => budget / 4,
         };
         if record_cache_bytes > budget / 2 {
-            return Err(ConfigError::Invalid {
-                field: "memory.recordCache",
-                message: format!(
+            return Err(bad(
+                "memory.recordCache",
+                format!(
                     "{record_cache_bytes} bytes is more than half of memory.budget ({budget}): raise the budget or lower the cache"
                 ),
-            });
+            ));
         }
         let topology = Topology::from_spec(&application_id, &spec).map_err(|source| {
             ConfigError::Topology {
                 path: path.to_path_buf(),
-                source,
+                spec: at,
+                cause: source,
             }
         })?;
         let security = kafka_security(&spec, &o.kafka_security);

@@ -41,18 +41,14 @@ pub struct GlobalTable {
 #[derive(Debug, thiserror::Error)]
 pub enum GlobalError {
     /// `table` names the table and its topic.
-    #[error("global table {table}: {source}")]
-    Kafka {
-        table: String,
-        #[source]
-        source: KafkaError,
-    },
+    #[error("global table {table}: {cause}")]
+    Kafka { table: String, cause: KafkaError },
     #[error("global table {table}: topic {topic} has no partitions: does it exist?")]
     NoPartitions { table: String, topic: String },
-    #[error("global tables: {0}")]
+    #[error(transparent)]
     Store(#[from] StoreError),
     #[error("starting the thread of a global table: {0}")]
-    Spawn(#[source] std::io::Error),
+    Spawn(std::io::Error),
     #[error("the thread of global table {0} stopped unexpectedly")]
     Died(String),
 }
@@ -203,7 +199,7 @@ struct Shared<'a> {
 fn follow(cfg: &WorkerConfig, t: &GlobalTable, sh: &Shared<'_>) -> Result<(), GlobalError> {
     let kafka = |source| GlobalError::Kafka {
         table: format!("{} (topic {})", t.name, t.topic),
-        source,
+        cause: source,
     };
     let consumer = changelog_reader(
         cfg.client_config(),
@@ -350,7 +346,7 @@ fn run(
             Some(Err(e)) if crate::fault::is_fatal(&e) => {
                 return Err(GlobalError::Kafka {
                     table: format!("{} (topic {})", t.name, t.topic),
-                    source: e,
+                    cause: e,
                 });
             }
             Some(Err(e)) => {

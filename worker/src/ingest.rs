@@ -94,7 +94,7 @@ impl Chunk {
             .sort_unstable_by(|a, b| key(a).cmp(key(b)).then(a.start.cmp(&b.start)));
         let rocks = |source| StoreError::Rocks {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         };
         let mut w = SstFileWriter::create(options);
         w.open(path).map_err(rocks)?;

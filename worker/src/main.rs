@@ -50,7 +50,8 @@ impl eddy_worker::metrics::MemoryUse for JemallocUse {
 #[command(
     name = "eddy-worker",
     version,
-    about = "Runs a stateful stream application on Kafka"
+    about = "Runs a stateful stream application on Kafka",
+    after_help = "Exit status: 0 done; 1 error (printed on stderr as `error: ` and each cause once); 2 bad command line; 3 `check --previous`: the update would strand or drop data."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -203,7 +204,7 @@ fn main() -> ExitCode {
         Command::Query(a) => query(a),
     };
     result.unwrap_or_else(|e| {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", eddy_telemetry::report::Report(e.as_ref()));
         ExitCode::FAILURE
     })
 }

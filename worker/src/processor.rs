@@ -20,12 +20,11 @@ pub enum ProcessError {
     Skip(String),
     /// Kafka did not take a record for a reason that is not the record's (an outage, a
     /// fenced producer): the worker retries from its last commit, or stops if it cannot.
-    #[error("cannot send to {topic}[{partition}]: {source}")]
+    #[error("cannot send to {topic}[{partition}]: {cause}")]
     Send {
         topic: String,
         partition: i32,
-        #[source]
-        source: rdkafka::error::KafkaError,
+        cause: rdkafka::error::KafkaError,
     },
     /// Under at-least-once with the operator, the worker's lease on its tasks lapsed: it
     /// stops writing and retries from its last commit once the API server answers again.

@@ -35,22 +35,17 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
-    #[error("restoring from {topic}: {source}")]
-    Kafka {
-        topic: String,
-        #[source]
-        source: KafkaError,
-    },
-    #[error("restoring task {task}: {source}")]
+    #[error("restoring from {topic}: {cause}")]
+    Kafka { topic: String, cause: KafkaError },
+    #[error("restoring task {task}: {cause}")]
     Store {
         task: eddy_crds::TaskId,
-        #[source]
-        source: StoreError,
+        cause: StoreError,
     },
     #[error("interrupted by shutdown")]
     Interrupted,
     #[error("starting the restore's SST writer thread: {0}")]
-    Spawn(#[source] std::io::Error),
+    Spawn(std::io::Error),
     #[error("the restore's SST writer thread stopped")]
     WriterStopped,
 }
@@ -192,14 +187,14 @@ pub fn restore(
         let names: Vec<&str> = changelogs.iter().map(String::as_str).collect();
         crate::changelog::tombstone_retention(cfg, &names).map_err(|e| RestoreError::Kafka {
             topic: changelogs.join(", "),
-            source: e.into_kafka(),
+            cause: e.into_kafka(),
         })?
     };
     let mut shown = false;
     for changelog in changelogs {
         let kafka = |source| RestoreError::Kafka {
             topic: changelog.clone(),
-            source,
+            cause: source,
         };
         let tombstones = retention.get(&changelog).copied().flatten();
         let consumer = changelog_reader(
@@ -224,7 +219,10 @@ pub fn restore(
                 .fetch_watermarks(&changelog, p, Duration::from_secs(30))
                 .map_err(kafka)?;
             let id = t.id;
-            let store_err = move |source| RestoreError::Store { task: id, source };
+            let store_err = move |source| RestoreError::Store {
+                task: id,
+                cause: source,
+            };
             let mut checkpoint = checkpoint_of(t, si).map_err(store_err)?;
             if let Some(c) = checkpoint
                 && let Some(why) = checkpoint::check(c, low, high, tombstones, read_at)
@@ -403,7 +401,7 @@ impl Polling<'_> {
     fn kafka(&self, source: KafkaError) -> RestoreError {
         RestoreError::Kafka {
             topic: self.changelog.to_string(),
-            source,
+            cause: source,
         }
     }
 
@@ -518,8 +516,10 @@ fn restore_batches(
         }
         let t = &mut tasks[ti];
         if next > 0 {
-            apply(t, si, batch, times.mark(next, done))
-                .map_err(|source| RestoreError::Store { task: t.id, source })?;
+            apply(t, si, batch, times.mark(next, done)).map_err(|source| RestoreError::Store {
+                task: t.id,
+                cause: source,
+            })?;
         }
         let left = if done { 0 } else { (high - next).max(0) };
         let (task, store) = (t.id.to_string(), t.stores[si].name.clone());
@@ -691,7 +691,10 @@ struct Pipeline<'a> {
 impl Pipeline<'_> {
     fn store_err(&self, ti: usize) -> impl Fn(StoreError) -> RestoreError + use<> {
         let task = self.tasks[ti].id;
-        move |source| RestoreError::Store { task, source }
+        move |source| RestoreError::Store {
+            task,
+            cause: source,
+        }
     }
 
     fn send(&mut self, job: SstJob) -> Result<(), RestoreError> {

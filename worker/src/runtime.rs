@@ -50,15 +50,11 @@ pub enum RuntimeError {
     Task(#[from] TaskError),
     #[error(transparent)]
     Restore(#[from] RestoreError),
-    #[error("state stores: {0}")]
+    #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("{what}: {source}")]
-    Kafka {
-        what: String,
-        #[source]
-        source: KafkaError,
-    },
-    #[error("{0}")]
+    #[error("{what}: {cause}")]
+    Kafka { what: String, cause: KafkaError },
+    #[error(transparent)]
     Delivery(#[from] DeliveryError),
     #[error("the consumer has no group metadata")]
     NoGroupMetadata,
@@ -81,18 +77,18 @@ impl RuntimeError {
     pub fn is_recoverable(&self) -> bool {
         match self {
             RuntimeError::Topics(e) => e.is_transient(),
-            RuntimeError::Task(TaskError::Process { source, .. }) => match source {
-                ProcessError::Send { source, .. } => !fault::is_fatal(source),
+            RuntimeError::Task(TaskError::Process { cause: source, .. }) => match source {
+                ProcessError::Send { cause: source, .. } => !fault::is_fatal(source),
                 ProcessError::Store(e) => e.is_transient(),
                 ProcessError::Lease(_) => true,
                 _ => false,
             },
-            RuntimeError::Task(TaskError::Store { source, .. })
-            | RuntimeError::Restore(RestoreError::Store { source, .. })
+            RuntimeError::Task(TaskError::Store { cause: source, .. })
+            | RuntimeError::Restore(RestoreError::Store { cause: source, .. })
             | RuntimeError::Store(source) => source.is_transient(),
             RuntimeError::Task(TaskError::BadRecord { .. }) => false,
-            RuntimeError::Restore(RestoreError::Kafka { source, .. })
-            | RuntimeError::Kafka { source, .. } => !fault::is_fatal(source),
+            RuntimeError::Restore(RestoreError::Kafka { cause: source, .. })
+            | RuntimeError::Kafka { cause: source, .. } => !fault::is_fatal(source),
             RuntimeError::Restore(
                 RestoreError::Interrupted | RestoreError::Spawn(_) | RestoreError::WriterStopped,
             ) => false,
@@ -103,7 +99,7 @@ impl RuntimeError {
             | RuntimeError::Lease(_) => true,
             RuntimeError::Updater(_) => false,
             RuntimeError::Global(e) => match e {
-                GlobalError::Kafka { source, .. } => !fault::is_fatal(source),
+                GlobalError::Kafka { cause: source, .. } => !fault::is_fatal(source),
                 GlobalError::Store(e) => e.is_transient(),
                 GlobalError::NoPartitions { .. } | GlobalError::Died(_) => true,
                 GlobalError::Spawn(_) => false,
@@ -114,14 +110,14 @@ impl RuntimeError {
     /// What to fix, for errors that name a permission or a setting.
     pub fn hint(&self) -> Option<&'static str> {
         let code = match self {
-            RuntimeError::Kafka { source, .. }
-            | RuntimeError::Restore(RestoreError::Kafka { source, .. })
+            RuntimeError::Kafka { cause: source, .. }
+            | RuntimeError::Restore(RestoreError::Kafka { cause: source, .. })
             | RuntimeError::Task(TaskError::Process {
-                source: ProcessError::Send { source, .. },
+                cause: ProcessError::Send { cause: source, .. },
                 ..
             }) => source.rdkafka_error_code()?,
             RuntimeError::Delivery(d) => d.code,
-            RuntimeError::Topics(TopicError::Unreachable { source, .. }) => {
+            RuntimeError::Topics(TopicError::Unreachable { cause: source, .. }) => {
                 source.rdkafka_error_code()?
             }
             RuntimeError::Topics(
@@ -137,7 +133,7 @@ impl RuntimeError {
         match self {
             RuntimeError::Task(TaskError::Store { .. })
             | RuntimeError::Task(TaskError::Process {
-                source: ProcessError::Store(_),
+                cause: ProcessError::Store(_),
                 ..
             })
             | RuntimeError::Restore(RestoreError::Store { .. })
@@ -145,7 +141,7 @@ impl RuntimeError {
             | RuntimeError::Store(_) => WorkerProblemReason::StateStoreUnavailable,
             RuntimeError::Lease(_)
             | RuntimeError::Task(TaskError::Process {
-                source: ProcessError::Lease(_),
+                cause: ProcessError::Lease(_),
                 ..
             }) => WorkerProblemReason::ApiServerUnreachable,
             _ => WorkerProblemReason::KafkaUnavailable,
@@ -164,7 +160,10 @@ impl RuntimeError {
 
 fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> RuntimeError {
     let what = what.into();
-    move |source| RuntimeError::Kafka { what, source }
+    move |source| RuntimeError::Kafka {
+        what,
+        cause: source,
+    }
 }
 
 /// Feeds consumer lag from librdkafka's statistics into the metrics, without extra requests,

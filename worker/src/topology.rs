@@ -330,12 +330,8 @@ impl std::fmt::Debug for SubTopology {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
-    #[error("topology[{step}]: {source}")]
-    Expr {
-        step: usize,
-        #[source]
-        source: ExprError,
-    },
+    #[error("topology[{step}]: {cause}")]
+    Expr { step: usize, cause: ExprError },
     #[error("topology[0]: the first step must be `from: {{topic: ...}}`")]
     NoSource,
     #[error("topology[{step}].window: {message}")]
@@ -398,7 +394,10 @@ impl Topology {
         let compile = |step: usize, src: &str, vars: &[&str]| {
             Expr::compile(src, vars)
                 .map(|e| e.with_time_budget(budget))
-                .map_err(|source| TopologyError::Expr { step, source })
+                .map_err(|source| TopologyError::Expr {
+                    step,
+                    cause: source,
+                })
         };
         if let Some(src) = &from.timestamp {
             let e = compile(0, src, &steps::VARS)?;

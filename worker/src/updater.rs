@@ -260,18 +260,13 @@ impl Drop for State {
 
 #[derive(Debug, thiserror::Error)]
 enum ReplicaError {
-    #[error("standby task {task}: {source}")]
-    Store {
-        task: TaskId,
-        #[source]
-        source: StoreError,
-    },
-    #[error("standby task {task}: reading {topic}: {source}")]
+    #[error("standby task {task}: {cause}")]
+    Store { task: TaskId, cause: StoreError },
+    #[error("standby task {task}: reading {topic}: {cause}")]
     Kafka {
         task: TaskId,
         topic: String,
-        #[source]
-        source: KafkaError,
+        cause: KafkaError,
     },
 }
 
@@ -469,9 +464,12 @@ impl State {
         let retention = retention.as_ref().map_err(|e| ReplicaError::Kafka {
             task: id,
             topic: "the changelogs' configs".into(),
-            source: e.clone(),
+            cause: e.clone(),
         })?;
-        let store_err = |source| ReplicaError::Store { task: id, source };
+        let store_err = |source| ReplicaError::Store {
+            task: id,
+            cause: source,
+        };
         let Some(sub) = self
             .cfg
             .topology
@@ -506,7 +504,7 @@ impl State {
         self.consumer().map_err(|source| ReplicaError::Kafka {
             task: id,
             topic: String::new(),
-            source,
+            cause: source,
         })?;
         let Some(consumer) = &self.consumer else {
             return Ok(());
@@ -518,7 +516,7 @@ impl State {
             let kafka = |source| ReplicaError::Kafka {
                 task: id,
                 topic: changelog.clone(),
-                source,
+                cause: source,
             };
             // Before the end is read: the end reached was the end at this time at the latest.
             let read_at = crate::record::now_ms();
@@ -591,7 +589,7 @@ impl State {
                 .map_err(|source| ReplicaError::Kafka {
                     task: id,
                     topic: String::new(),
-                    source,
+                    cause: source,
                 })?;
         }
         let r = Replica {

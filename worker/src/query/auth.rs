@@ -75,17 +75,17 @@ pub enum ReviewError {
     #[error("the review of this token, asked by another request, failed")]
     Failed,
     #[error("asking the Kubernetes API: {0}")]
-    Api(#[source] kube::Error),
+    Api(kube::Error),
     #[error("writing the review request: {0}")]
-    Encode(#[from] serde_json::Error),
+    Encode(serde_json::Error),
     #[error("writing the review request: {0}")]
-    Http(#[from] axum::http::Error),
+    Http(axum::http::Error),
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    #[error("making a Kubernetes client without credentials")]
-    Client(#[source] kube::Error),
+    #[error("making a Kubernetes client without credentials: {0}")]
+    Client(kube::Error),
 }
 
 /// Judges tokens for one app through the API server, and holds this worker's own token.
@@ -322,15 +322,16 @@ impl Reviewer {
             },
             ..Default::default()
         };
-        let body = serde_json::to_vec(&review)?;
-        let mut bearer =
-            HeaderValue::try_from(format!("Bearer {token}")).map_err(axum::http::Error::from)?;
+        let body = serde_json::to_vec(&review).map_err(ReviewError::Encode)?;
+        let mut bearer = HeaderValue::try_from(format!("Bearer {token}"))
+            .map_err(|e| ReviewError::Http(e.into()))?;
         bearer.set_sensitive(true);
         let req =
             axum::http::Request::post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
                 .header(header::CONTENT_TYPE, "application/json")
                 .header(header::AUTHORIZATION, bearer)
-                .body(body)?;
+                .body(body)
+                .map_err(ReviewError::Http)?;
         match self.api.request::<SelfSubjectAccessReview>(req).await {
             Ok(answer) => Ok(match answer.status {
                 Some(s) if s.allowed && s.denied != Some(true) => Decision::Allowed,

@@ -42,17 +42,15 @@ const INGEST_DIR: &str = "eddy-restore";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("RocksDB at {path}: {source}")]
+    #[error("RocksDB at {path}: {cause}")]
     Rocks {
         path: PathBuf,
-        #[source]
-        source: rocksdb::Error,
+        cause: rocksdb::Error,
     },
-    #[error("state directory {path}: {source}")]
+    #[error("state directory {path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("store {0:?} is not a store of this task")]
     Unknown(String),
@@ -67,7 +65,7 @@ impl StoreError {
     /// they may go away, and the state on disk is still the last commit's.
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Rocks { source, .. } => matches!(
+            StoreError::Rocks { cause: source, .. } => matches!(
                 source.kind(),
                 rocksdb::ErrorKind::IOError
                     | rocksdb::ErrorKind::Busy
@@ -107,7 +105,7 @@ impl StateResources {
         );
         let mut env = Env::new().map_err(|source| StoreError::Rocks {
             path: PathBuf::new(),
-            source,
+            cause: source,
         })?;
         env.set_background_threads(2);
         env.set_high_priority_background_threads(1);
@@ -275,7 +273,7 @@ impl TaskDb {
         }
         std::fs::create_dir_all(path).map_err(|source| StoreError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         })?;
         // Before RocksDB opens it: opening writes files of its own.
         let written_at = newest_data_file(path);
@@ -294,7 +292,7 @@ impl TaskDb {
         let db = DB::open_cf_descriptors(&res.db_options(), path, cfs).map_err(|source| {
             StoreError::Rocks {
                 path: path.to_path_buf(),
-                source,
+                cause: source,
             }
         })?;
         let mut db = Self {
@@ -482,7 +480,7 @@ impl TaskDb {
             let db = DB::open_cf_descriptors(&res.db_options(), path, cfs).map_err(|source| {
                 StoreError::Rocks {
                     path: path.to_path_buf(),
-                    source,
+                    cause: source,
                 }
             })?;
             drop(db);
@@ -546,7 +544,7 @@ impl TaskDb {
     fn rocks<T>(&self, r: Result<T, rocksdb::Error>) -> Result<T, StoreError> {
         r.map_err(|source| StoreError::Rocks {
             path: self.path.clone(),
-            source,
+            cause: source,
         })
     }
 
@@ -807,7 +805,7 @@ impl TaskDb {
         let dir = self.path.join(INGEST_DIR);
         std::fs::create_dir_all(&dir).map_err(|source| StoreError::Io {
             path: dir.clone(),
-            source,
+            cause: source,
         })?;
         Ok(dir)
     }
@@ -1062,7 +1060,7 @@ fn existing_families(res: &StateResources, path: &Path) -> Result<Vec<String>, S
     }
     DB::list_cf(&res.db_options(), path).map_err(|source| StoreError::Rocks {
         path: path.to_path_buf(),
-        source,
+        cause: source,
     })
 }
 
@@ -1073,7 +1071,7 @@ fn wipe(path: &Path) -> Result<(), StoreError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(StoreError::Io {
             path: path.to_path_buf(),
-            source,
+            cause: source,
         }),
     }
 }

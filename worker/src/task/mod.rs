@@ -45,18 +45,10 @@ pub enum TaskError {
         offset: i64,
         reason: String,
     },
-    #[error("task {task}: {source}")]
-    Process {
-        task: TaskId,
-        #[source]
-        source: ProcessError,
-    },
-    #[error("task {task}: {source}")]
-    Store {
-        task: TaskId,
-        #[source]
-        source: StoreError,
-    },
+    #[error("task {task}: {cause}")]
+    Process { task: TaskId, cause: ProcessError },
+    #[error("task {task}: {cause}")]
+    Store { task: TaskId, cause: StoreError },
 }
 
 pub struct Task {
@@ -111,7 +103,10 @@ impl Task {
             .map(|s| s.name.clone())
             .collect();
         let dir = cfg.task_dir(id);
-        let store_err = |source| TaskError::Store { task: id, source };
+        let store_err = |source| TaskError::Store {
+            task: id,
+            cause: source,
+        };
         // The stores on disk follow the topology: families of stores edited out of it (or
         // moved to memory) are dropped, so an edited app starts without anyone deleting volumes.
         let (db, changed) = if persistent.is_empty() {
@@ -429,7 +424,7 @@ impl Task {
             }
             result.map_err(|source| TaskError::Process {
                 task: self.id,
-                source,
+                cause: source,
             })?;
         }
         Ok(())
@@ -505,7 +500,7 @@ impl Task {
             Err(source) => {
                 return Err(TaskError::Process {
                     task: self.id,
-                    source,
+                    cause: source,
                 });
             }
         };
@@ -537,7 +532,7 @@ impl Task {
                     )
                     .map_err(|source| TaskError::Process {
                         task: self.id,
-                        source,
+                        cause: source,
                     })?;
                 tracing::warn!(task = %self.id, topic = origin.topic, partition = origin.partition, offset = origin.offset, %reason, "record dead-lettered");
                 self.count_outcome("dead_letter");
@@ -578,7 +573,7 @@ impl Task {
                         )
                         .map_err(|source| TaskError::Process {
                             task: self.id,
-                            source,
+                            cause: source,
                         })?;
                     if let Some(f) = fwd {
                         let name = self.stores[i].name.clone();
@@ -660,7 +655,7 @@ impl Task {
             db.write_clearing(cleared, changes, checkpoints)
                 .map_err(|source| TaskError::Store {
                     task: self.id,
-                    source,
+                    cause: source,
                 })?;
             for (store, _, _) in &batch {
                 let (keys, bytes) = db.size(store);
@@ -674,7 +669,7 @@ impl Task {
         }
         self.expire_windows().map_err(|source| TaskError::Store {
             task: self.id,
-            source,
+            cause: source,
         })?;
         for i in &mut self.inputs {
             i.next_offset = None;
@@ -689,7 +684,7 @@ impl Task {
         if let Some(db) = &self.db {
             db.flush().map_err(|source| TaskError::Store {
                 task: self.id,
-                source,
+                cause: source,
             })?;
         }
         self.transition(TaskState::Closed);
@@ -717,7 +712,7 @@ impl Task {
                 )
                 .map_err(|source| TaskError::Store {
                     task: self.id,
-                    source,
+                    cause: source,
                 })?;
             }
         }
