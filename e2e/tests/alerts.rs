@@ -437,6 +437,8 @@ fn a_real_prometheus_scraping_as_the_chart_says_fires_its_alerts_for_a_degraded_
             "--set",
             "alerts.rules.EddyAppDegraded.for=0s",
             "--set",
+            "alerts.rules.EddyAppMisconfigured.for=0s",
+            "--set",
             "alerts.rules.EddyRestoreBacklogHigh.for=0s",
             "--set",
             "alerts.rules.EddyRestoreBacklogHigh.records=1000",
@@ -554,21 +556,27 @@ fn a_real_prometheus_scraping_as_the_chart_says_fires_its_alerts_for_a_degraded_
         ),
     )?;
 
+    // A missing source topic is the app owner's to fix: a warning, not a page.
+    let of_app = [("namespace", ns), ("app", degraded)];
     wait_until(WAIT, || {
-        Ok(firing("EddyAppDegraded", &[("namespace", ns), ("app", degraded)])?.is_some())
+        Ok(firing("EddyAppMisconfigured", &of_app)?.is_some())
     })
-    .with_context(|| explain("EddyAppDegraded never fired"))?;
-    let alert = firing("EddyAppDegraded", &[("namespace", ns), ("app", degraded)])?
-        .context("EddyAppDegraded")?;
+    .with_context(|| explain("EddyAppMisconfigured never fired"))?;
+    let alert = firing("EddyAppMisconfigured", &of_app)?.context("EddyAppMisconfigured")?;
     ensure!(
-        alert.labels["severity"] == "critical"
+        alert.labels["severity"] == "warning"
+            && alert.labels["reason"] == "SourceTopicMissing"
             && alert.annotations["summary"]
                 .as_str()
-                .is_some_and(|s| s.contains(&format!("{ns}/{degraded} is Degraded")))
+                .is_some_and(|s| s.contains(&format!("{ns}/{degraded} needs a fix of its own")))
             && alert.annotations["runbook_url"]
                 .as_str()
-                .is_some_and(|u| u.ends_with("/EddyAppDegraded.md")),
+                .is_some_and(|u| u.ends_with("/EddyAppMisconfigured.md")),
         "{alert:?}"
+    );
+    ensure!(
+        firing("EddyAppDegraded", &of_app)?.is_none(),
+        "a missing source topic paged"
     );
 
     let restoring = [
@@ -619,7 +627,7 @@ fn a_real_prometheus_scraping_as_the_chart_says_fires_its_alerts_for_a_degraded_
     let others: Vec<Alert> = prom
         .alerts()?
         .into_iter()
-        .filter(|a| a.state == "firing" && a.name != "EddyAppDegraded")
+        .filter(|a| a.state == "firing" && a.name != "EddyAppMisconfigured")
         .collect();
     ensure!(others.is_empty(), "other alerts fired: {others:?}");
 

@@ -47,6 +47,15 @@ pub struct ConditionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub namespace: String,
+    pub app: String,
+    pub condition: String,
+    /// The condition's reason, e.g. `InvalidSpec`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StandbyLabels {
     pub namespace: String,
     pub app: String,
@@ -73,6 +82,8 @@ pub struct AppSeries {
     pub phase: Vec<(String, i64)>,
     /// (condition, status, value): each condition with 1 for its status.
     pub conditions: Vec<(String, String, i64)>,
+    /// (condition, reason) of each condition: alerts choose their severity by it.
+    pub reasons: Vec<(String, String)>,
     pub desired_replicas: i64,
     pub ready_replicas: i64,
     pub restore_backlog_records: i64,
@@ -99,6 +110,11 @@ impl AppSeries {
                     .map(|s| (c.type_.clone(), s.to_string(), i64::from(c.status == *s)))
             })
             .collect();
+        let reasons = status
+            .conditions
+            .iter()
+            .map(|c| (c.type_.clone(), label_word(&c.reason)))
+            .collect();
         // Workers write these: a malformed task id or a negative lag is left out (it is no
         // lag of a task), so a worker cannot invent label values or negative series.
         let well_formed = crate::placement::sanitize::Tasks(None);
@@ -121,6 +137,7 @@ impl AppSeries {
         AppSeries {
             phase,
             conditions,
+            reasons,
             desired_replicas: i64::from(status.replicas),
             ready_replicas: i64::from(status.ready_replicas),
             restore_backlog_records: status.backlog,
@@ -131,10 +148,23 @@ impl AppSeries {
     }
 }
 
+/// A condition's reason as a label value: the operator writes CamelCase words; anything else
+/// (a status edited by hand) becomes `Other`, so no one can add series of any name or size.
+fn label_word(reason: &str) -> String {
+    let word = !reason.is_empty()
+        && reason.len() <= 64
+        && reason.chars().all(|c| c.is_ascii_alphanumeric());
+    match word {
+        true => reason.to_string(),
+        false => "Other".to_string(),
+    }
+}
+
 /// The label sets an app has series for, to remove them when it goes.
 #[derive(Default)]
 struct Shown {
     conditions: BTreeSet<(String, String)>,
+    reasons: BTreeSet<(String, String)>,
     standby: BTreeSet<(String, String, String)>,
 }
 
@@ -146,6 +176,7 @@ pub struct Metrics {
     pub leader: Gauge,
     app_phase: Family<PhaseLabels, Gauge>,
     app_condition: Family<ConditionLabels, Gauge>,
+    app_condition_reason: Family<ReasonLabels, Gauge>,
     app_desired_replicas: Family<AppLabels, Gauge>,
     app_ready_replicas: Family<AppLabels, Gauge>,
     app_restore_backlog: Family<AppLabels, Gauge>,
@@ -165,6 +196,7 @@ impl Default for Metrics {
             leader: Gauge::default(),
             app_phase: Family::default(),
             app_condition: Family::default(),
+            app_condition_reason: Family::default(),
             app_desired_replicas: Family::default(),
             app_ready_replicas: Family::default(),
             app_restore_backlog: Family::default(),
@@ -205,6 +237,11 @@ impl Default for Metrics {
             "app_condition",
             "1 for the status (True, False, Unknown) of each condition of an app (Ready, Progressing, Degraded)",
             m.app_condition.clone(),
+        );
+        r.register(
+            "app_condition_reason",
+            "1 for the reason each condition of an app has now (e.g. Degraded: InvalidSpec)",
+            m.app_condition_reason.clone(),
         );
         r.register(
             "app_desired_replicas",
@@ -298,6 +335,26 @@ impl Metrics {
                 .set(*v);
         }
         shown.conditions = conditions;
+        let reasons: BTreeSet<(String, String)> = series.reasons.iter().cloned().collect();
+        for (condition, reason) in shown.reasons.difference(&reasons) {
+            self.app_condition_reason.remove(&ReasonLabels {
+                namespace: ns.clone(),
+                app: name.clone(),
+                condition: condition.clone(),
+                reason: reason.clone(),
+            });
+        }
+        for (condition, reason) in &reasons {
+            self.app_condition_reason
+                .get_or_create(&ReasonLabels {
+                    namespace: ns.clone(),
+                    app: name.clone(),
+                    condition: condition.clone(),
+                    reason: reason.clone(),
+                })
+                .set(1);
+        }
+        shown.reasons = reasons;
         self.app_desired_replicas
             .get_or_create(&key)
             .set(series.desired_replicas);
@@ -399,6 +456,14 @@ impl Metrics {
                 app: name.clone(),
                 condition: condition.clone(),
                 status: status.clone(),
+            });
+        }
+        for (condition, reason) in &shown.reasons {
+            self.app_condition_reason.remove(&ReasonLabels {
+                namespace: ns.clone(),
+                app: name.clone(),
+                condition: condition.clone(),
+                reason: reason.clone(),
             });
         }
         for (task, pod, role) in &shown.standby {
@@ -539,6 +604,19 @@ mod tests {
         );
         assert_eq!(s.conditions.len(), 6);
         assert_eq!(
+            s.reasons,
+            vec![
+                ("Ready".into(), "R".into()),
+                ("Degraded".into(), "R".into())
+            ]
+        );
+        let mut odd = status(Phase::Degraded, "True");
+        odd.conditions[1].reason = "made up by hand\n".into();
+        assert_eq!(
+            AppSeries::of(&odd, None).reasons[1],
+            ("Degraded".into(), "Other".into())
+        );
+        assert_eq!(
             (
                 s.desired_replicas,
                 s.ready_replicas,
@@ -627,6 +705,7 @@ mod tests {
         // Degraded: the phase moves, the condition flips, the warm-up that took over goes.
         let mut degraded = status(Phase::Degraded, "True");
         degraded.conditions.retain(|c| c.type_ == "Degraded");
+        degraded.conditions[0].reason = "InvalidSpec".into();
         if let Some(w) = degraded.workers.get_mut("a-1") {
             w.tasks.remove("0_0");
         }
@@ -660,6 +739,23 @@ mod tests {
             find(&t, "eddy_operator_app_condition", "condition=\"Ready\""),
             None,
             "a condition no longer in the status has no series"
+        );
+        assert_eq!(
+            find(
+                &t,
+                "eddy_operator_app_condition_reason",
+                "condition=\"Degraded\",reason=\"InvalidSpec\""
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            find(
+                &t,
+                "eddy_operator_app_condition_reason",
+                "condition=\"Degraded\",reason=\"R\""
+            ),
+            None,
+            "a reason no longer in the status has no series"
         );
         assert_eq!(
             find(
