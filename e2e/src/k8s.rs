@@ -131,6 +131,10 @@ impl ControlPlane {
         .unwrap_or_default()
     }
 
+    /// The leader-election Lease the chart's RBAC of release `t` lets its operator hold (pass
+    /// it as `--lease-name`).
+    pub const LEASE: &'static str = "t-eddy-operator-leader";
+
     /// What `helm install` of the chart sets up around the operator in `ns`: the namespace,
     /// the CRD, the operator's ServiceAccount and RBAC, and the admission policy that keeps
     /// each worker pod to its own report in the status (so every operated test runs under

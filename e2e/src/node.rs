@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 /// The name of the control plane, the node (`eddy-<NAME>`) and the Kafka cluster.
 pub const NAME: &str = "tier";
 /// The chart's release and namespace, as README's `helm install` names them.
-pub const RELEASE: &str = "eddy";
+pub const RELEASE: &str = "eddy-operator";
 pub const OPERATOR_NS: &str = "eddy-system";
 /// The default StorageClass: local PersistentVolumes under the node's run dir, bound when a
 /// pod using the claim is scheduled (`WaitForFirstConsumer`: kube-scheduler picks the node).
@@ -267,7 +267,7 @@ volumeBindingMode: WaitForFirstConsumer
                 OPERATOR_NS,
                 "wait",
                 "--for=condition=Available",
-                &format!("deployment/{RELEASE}-eddy-operator"),
+                &format!("deployment/{RELEASE}"),
                 &format!("--timeout={}s", WAIT.as_secs()),
             ],
             None,

@@ -156,6 +156,8 @@ impl Operated {
                 OPERATOR_NS,
                 "--identity",
                 &id,
+                "--lease-name",
+                ControlPlane::LEASE,
             ];
             args.extend_from_slice(setup.args);
             spawn(

@@ -8,6 +8,7 @@
 
 use anyhow::{Context, Result, bail, ensure};
 use eddy_e2e::chart::{self, CHART};
+use eddy_e2e::k8s::ControlPlane;
 use eddy_e2e::operated::{Namespace, OPERATOR_NS, Operated, Setup, WAIT};
 use eddy_e2e::*;
 use serde_json::Value;
@@ -579,4 +580,157 @@ fn namespace_users_manage_apps_through_the_built_in_roles() -> Result<()> {
     );
     as_user("alice", &["delete", "ssapp", "mine"], None)?;
     Ok(())
+}
+
+/// Two releases of the chart in one namespace, splitting the cluster by `watchNamespaces`
+/// (docs/operator.md): each has its own objects and its own Lease, named after its release, so
+/// both elect a leader at once, and each runs the apps of its own namespaces. The second
+/// release's operator runs as a local process with its ServiceAccount's token and the
+/// environment its Deployment gives it.
+#[test]
+fn two_releases_in_one_namespace_each_lead_their_own_namespaces() -> Result<()> {
+    use eddy_e2e::k8s::Process;
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let watch = format!("watchNamespaces={{{ns}}}");
+    let render = |only: &[&str]| -> Result<String> {
+        let mut args = vec![
+            "template",
+            "second",
+            CHART,
+            "--namespace",
+            OPERATOR_NS,
+            "--set",
+            &watch,
+        ];
+        for o in only {
+            args.extend(["--show-only", o]);
+        }
+        env.cp.tool("helm", &args, None)
+    };
+    let rbac = render(&[
+        "templates/serviceaccount.yaml",
+        "templates/rbac.yaml",
+        "templates/worker-status-policy.yaml",
+    ])?;
+    // Every object of the second release next to the first's: no name is taken.
+    let first: BTreeSet<String> = serde_yaml_names(&chart::template(&env.cp, OPERATOR_NS, &[])?)?;
+    let second = serde_yaml_names(&render(&[])?)?;
+    let shared: Vec<&String> = first.intersection(&second).collect();
+    ensure!(shared.is_empty(), "both releases name {shared:?}");
+
+    env.kubectl(&["apply", "-f", "-"], Some(&rbac))?;
+    let cleanup = scopeguard(|| {
+        let _ = env.kubectl(&["delete", "--ignore-not-found", "-f", "-"], Some(&rbac));
+    });
+    let deployment = yaml_documents(&render(&["templates/deployment.yaml"])?)?
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .context("no Deployment")?;
+    let var = |name: &str| -> Result<String> {
+        deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_string)
+            .with_context(|| format!("the Deployment sets no {name}"))
+    };
+    let lease = var("EDDY_OPERATOR_LEASE_NAME")?;
+    ensure!(lease == "second-eddy-operator-leader", "lease {lease}");
+    let kubeconfig = env
+        .cp
+        .kubeconfig_for(OPERATOR_NS, "second-eddy-operator", env.dir.path())?;
+    let port = free_port()?;
+    let _operator = Process::spawn(
+        "eddy-operator",
+        &[
+            "run",
+            "--http-addr",
+            &format!("127.0.0.1:{port}"),
+            "--namespace",
+            OPERATOR_NS,
+            "--identity",
+            "second-0",
+            "--lease-name",
+            &lease,
+            "--watch-namespaces",
+            &var("EDDY_OPERATOR_WATCH_NAMESPACES")?,
+        ],
+        &[("KUBECONFIG", &kubeconfig)],
+        &env.dir.path().join("second-0.log"),
+    )?;
+    let leads = || {
+        http_get(&format!("127.0.0.1:{port}"), "/metrics")
+            .map(|(_, text)| sum_metric(&text, "eddy_operator_leader", &[]))
+            .unwrap_or(0.0)
+    };
+    wait_until(WAIT, || Ok(leads() == 1.0 && env.leaders() == 1.0)).with_context(|| {
+        std::fs::read_to_string(env.dir.path().join("second-0.log")).unwrap_or_default()
+    })?;
+    let holders = [ControlPlane::LEASE, lease.as_str()]
+        .map(|l| env.get(OPERATOR_NS, &format!("lease/{l}"), "{.spec.holderIdentity}"));
+    ensure!(holders == ["op-0", "second-0"], "lease holders {holders:?}");
+
+    // The second release's operator runs an app of its namespace.
+    let (input, output) = (space.topic("two-in", 1)?, space.topic("two-out", 1)?);
+    env.apply(ns, &app_yaml("second", &env.bs, &input, &output))?;
+    wait_until(WAIT, || {
+        Ok(env.get(ns, "ssapp/second", "{.status.phase}/{.status.ready}") == "Running/1/1")
+    })
+    .with_context(|| {
+        format!(
+            "status {}\nworker log: {}\n{}",
+            env.get(ns, "ssapp/second", "{.status}"),
+            std::fs::read_to_string(env.pod_dir(ns, "second-0").join("log")).unwrap_or_default(),
+            std::fs::read_to_string(env.dir.path().join("second-0.log")).unwrap_or_default()
+        )
+    })?;
+    // Deleted while its operator runs, which removes its finalizer.
+    env.kubectl(
+        &["-n", ns, "delete", "ssapp", "second", "--timeout=60s"],
+        None,
+    )?;
+    drop(cleanup);
+    Ok(())
+}
+
+/// `Kind/name` of every object of a multi-document YAML.
+fn serde_yaml_names(yaml: &str) -> Result<BTreeSet<String>> {
+    let mut names = BTreeSet::new();
+    for doc in yaml_documents(yaml)? {
+        let v = doc;
+        if let (Some(kind), Some(name)) = (v["kind"].as_str(), v["metadata"]["name"].as_str()) {
+            names.insert(format!("{kind}/{name}"));
+        }
+    }
+    Ok(names)
+}
+
+/// The documents of a multi-document YAML (`helm template`'s output), as JSON values.
+fn yaml_documents(yaml: &str) -> Result<Vec<Value>> {
+    let mut docs = Vec::new();
+    for text in yaml.split("\n---") {
+        let v: Value =
+            serde_yaml::from_str(text).context("a document of helm template's output")?;
+        if !v.is_null() {
+            docs.push(v);
+        }
+    }
+    Ok(docs)
+}
+
+/// Runs `f` when dropped: the test's objects go also when it fails half-way.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
 }

@@ -223,7 +223,7 @@ fn the_chart_runs_an_app_on_real_pods_hardened_with_its_state_on_local_volumes()
         "pods",
         "{range .items[*]}{.spec.serviceAccountName} {.status.containerStatuses[0].image} {.status.containerStatuses[0].ready}{\"\\n\"}{end}",
     );
-    let expected = format!("{RELEASE}-eddy-operator {} true", env.operator_image);
+    let expected = format!("{RELEASE} {} true", env.operator_image);
     ensure!(
         operators.lines().count() == 2 && operators.lines().all(|l| l == expected),
         "operator pods: {operators}"
@@ -626,7 +626,7 @@ fn queries_are_forwarded_between_pods_by_their_names_in_the_cluster_dns() -> Res
             "create",
             "rolebinding",
             account,
-            &format!("--clusterrole={}-eddy-operator-query", node::RELEASE),
+            &format!("--clusterrole={}-query", node::RELEASE),
             &format!("--serviceaccount={ns}:{account}"),
         ],
         None,

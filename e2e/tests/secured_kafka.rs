@@ -87,6 +87,8 @@ fn apps_on_sasl_and_tls_listeners_run_with_credentials_only_in_secrets() -> Resu
             OPERATOR_NS,
             "--identity",
             "op",
+            "--lease-name",
+            ControlPlane::LEASE,
         ],
         &[("KUBECONFIG", &op_kubeconfig)],
         &dir.path().join("operator.log"),

@@ -47,6 +47,14 @@ enum Command {
         /// This replica's name (the pod name).
         #[arg(long, env = "EDDY_OPERATOR_IDENTITY")]
         identity: Option<String>,
+        /// Name of the leader-election Lease. The replicas of one install share it; two
+        /// installs in one namespace need two (the chart's is `<release name>-leader`).
+        #[arg(
+            long,
+            env = "EDDY_OPERATOR_LEASE_NAME",
+            default_value = "eddy-operator-leader"
+        )]
+        lease_name: String,
         /// Install or update the CRD before starting.
         #[arg(long)]
         install_crd: bool,
@@ -102,6 +110,7 @@ fn main_of(cli: Cli) -> anyhow::Result<()> {
             http_addr,
             namespace,
             identity,
+            lease_name,
             install_crd,
             watch_namespaces,
             worker_log_format,
@@ -117,6 +126,7 @@ fn main_of(cli: Cli) -> anyhow::Result<()> {
                     http_addr,
                     namespace,
                     identity,
+                    lease_name,
                     install_crd,
                     scope,
                     workers,
@@ -137,6 +147,7 @@ async fn run(
     http_addr: SocketAddr,
     namespace: String,
     identity: Option<String>,
+    lease_name: String,
     install_crd: bool,
     scope: controller::Scope,
     workers: resources::WorkerSettings,
@@ -179,9 +190,8 @@ async fn run(
             .await
             .context("installing the CRD")?;
     }
-    let lease_name = "eddy-operator-leader";
     let mut leadership = tokio::select! {
-        l = leader::lead(client.clone(), &namespace, lease_name, &identity) => l,
+        l = leader::lead(client.clone(), &namespace, &lease_name, &identity) => l,
         _ = stop.wait_for(|s| *s) => {
             tracing::info!("stopping (not the leader)");
             return Ok(());

@@ -147,6 +147,8 @@ impl EddyEnv {
                     OPERATOR_NS,
                     "--identity",
                     "scalebench",
+                    "--lease-name",
+                    ControlPlane::LEASE,
                 ],
                 &[("KUBECONFIG", &op_kubeconfig)],
                 &dir.join("operator.log"),
