@@ -1,17 +1,18 @@
-//! Durations as users write them in a topology: `500ms`, `30s`, `5m`, `1h`, `7d`.
+//! Durations as users write them in a topology: `500ms`, `30s`, `5m`, `1h`, `7d`, and sums of
+//! them as Go and Kubernetes write them: `1h30m`, `2m30s`.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// A span of time in whole milliseconds, written `<n><unit>` with unit `ms`, `s`, `m`, `h` or
-/// `d` (a bare number is milliseconds, as Kafka Streams' `Duration.ofMillis`).
+/// A span of time in whole milliseconds, written `<n><unit>...` with units `ms`, `s`, `m`, `h`
+/// and `d` (`1h30m`; a bare number is milliseconds, as Kafka Streams' `Duration.ofMillis`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Duration {
     ms: u64,
 }
 
 /// The schema's pattern and the parser agree on this shape.
-pub const PATTERN: &str = "^[0-9]+(ms|s|m|h|d)?$";
+pub const PATTERN: &str = "^([0-9]+|([0-9]+(ms|s|m|h|d))+)$";
 
 const UNITS: [(&str, u64); 5] = [
     ("ms", 1),
@@ -45,7 +46,7 @@ impl Duration {
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{given:?} is not a duration: write a whole number and a unit, e.g. 500ms, 30s, 5m, 1h or 7d"
+    "{given:?} is not a duration: write whole numbers with units, e.g. 500ms, 30s, 5m, 1h30m or 7d"
 )]
 pub struct DurationError {
     pub given: String,
@@ -58,16 +59,28 @@ impl std::str::FromStr for Duration {
         let err = || DurationError {
             given: s.to_string(),
         };
-        let digits = s.bytes().take_while(u8::is_ascii_digit).count();
-        let (n, unit) = s.split_at(digits);
-        let n: u64 = n.parse().map_err(|_| err())?;
-        let factor = match unit {
-            "" => 1,
-            u => UNITS.iter().find(|(name, _)| *name == u).ok_or_else(err)?.1,
-        };
-        n.checked_mul(factor)
-            .map(Duration::from_millis)
-            .ok_or_else(err)
+        if s.is_empty() {
+            return Err(err());
+        }
+        if s.bytes().all(|b| b.is_ascii_digit()) {
+            return s.parse().map(Duration::from_millis).map_err(|_| err());
+        }
+        // Parts of a number and a unit, summed (`1h30m`); `ms` before `m`.
+        let (mut ms, mut rest) = (0u64, s);
+        while !rest.is_empty() {
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            let n: u64 = rest[..digits].parse().map_err(|_| err())?;
+            let after = &rest[digits..];
+            let (unit, factor) = ["ms", "s", "m", "h", "d"]
+                .iter()
+                .find(|u| after.starts_with(**u))
+                .and_then(|u| UNITS.iter().find(|(name, _)| name == u))
+                .ok_or_else(err)?;
+            let part = n.checked_mul(*factor).ok_or_else(err)?;
+            ms = ms.checked_add(part).ok_or_else(err)?;
+            rest = &after[unit.len()..];
+        }
+        Ok(Duration::from_millis(ms))
     }
 }
 
@@ -96,7 +109,7 @@ impl<'de> Deserialize<'de> for Duration {
         impl serde::de::Visitor<'_> for V {
             type Value = Duration;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a duration such as 500ms, 30s, 5m, 1h or 7d")
+                f.write_str("a duration such as 500ms, 30s, 5m, 1h30m or 7d")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Duration, E> {
                 v.parse().map_err(E::custom)
@@ -122,7 +135,7 @@ impl JsonSchema for Duration {
         schemars::json_schema!({
             "type": "string",
             "pattern": PATTERN,
-            "description": "A duration: a whole number and a unit (ms, s, m, h, d), e.g. 30s.",
+            "description": "A duration: whole numbers with units (ms, s, m, h, d), e.g. 30s or 1h30m.",
         })
     }
 }
@@ -143,6 +156,10 @@ mod tests {
             ("7d", 604_800_000, "7d"),
             ("0s", 0, "0ms"),
             ("250", 250, "250ms"),
+            ("1h30m", 5_400_000, "90m"),
+            ("2m30s", 150_000, "150s"),
+            ("1d12h", 129_600_000, "36h"),
+            ("1s500ms", 1500, "1500ms"),
         ] {
             let d: Duration = text.parse().expect(text);
             assert_eq!(d.as_millis(), ms, "{text}");
@@ -160,6 +177,10 @@ mod tests {
             "-1s",
             "1.5h",
             "m",
+            "1h30",
+            "h30m",
+            "1h 30m",
+            "1hm",
             "99999999999999999999d",
         ] {
             if bad == "5" {
@@ -167,10 +188,23 @@ mod tests {
             }
             let e = bad.parse::<Duration>().expect_err(bad).to_string();
             assert!(e.contains("e.g. 500ms, 30s"), "{bad}: {e}");
+            // An overflow is the parser's to refuse; every other shape, admission's too.
+            assert!(
+                bad.starts_with("9999") || !regex_matches(bad),
+                "the schema's pattern lets {bad:?} through"
+            );
+        }
+        for good in ["5", "500ms", "1h30m", "1d12h", "1s500ms", "0s"] {
+            assert!(regex_matches(good), "the schema's pattern refuses {good:?}");
         }
         let yaml: Result<Duration, _> = serde_yaml::from_str("-5");
         assert!(yaml.is_err());
         let yaml: Duration = serde_yaml::from_str("5m").expect("parses");
         assert_eq!(yaml, Duration::from_millis(300_000));
+    }
+
+    /// Whether the CRD's pattern accepts `text` (admission and the parser must agree).
+    fn regex_matches(text: &str) -> bool {
+        regex::Regex::new(PATTERN).is_ok_and(|r| r.is_match(text))
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod duration;
 pub mod manifest;
+pub mod quantity;
 pub mod query;
 pub mod reference;
 pub mod resource;
@@ -17,6 +18,7 @@ pub mod upgrade;
 
 pub use duration::Duration;
 pub use manifest::{AppManifest, ManifestError, parse_app};
+pub use quantity::Quantity;
 pub use spec::*;
 pub use step::*;
 pub use table::{TableSpec, Versioned};

@@ -222,6 +222,8 @@ pub fn validate(spec: &AppSpec, prefix: &str) -> Result<(), ManifestError> {
             ));
         }
     }
+    spec.memory_bytes()
+        .map_err(|(field, message)| invalid(f(field.into()), message))?;
     check_transactions(spec, prefix)?;
     check_kafka(spec, prefix)?;
     if spec.topology.is_empty() {

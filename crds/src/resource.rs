@@ -320,6 +320,10 @@ fn bound_status(status: &mut Value) {
     let replicas = json!(crate::manifest::MAX_REPLICAS);
     let p = &mut status["properties"];
     p["conditions"]["maxItems"] = json!(16);
+    // One condition per type, merged by type (`kubectl patch --type=merge` and server-side
+    // apply of a condition replace that condition only).
+    p["conditions"]["x-kubernetes-list-type"] = json!("map");
+    p["conditions"]["x-kubernetes-list-map-keys"] = json!(["type"]);
     let a = &mut p["assignment"]["properties"];
     a["partitions"]["maxItems"] = json!(1024);
     a["down"]["maxItems"] = replicas.clone();

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
     kind = "StatefulStreamApp",
     namespaced,
     shortname = "ssapp",
+    category = "eddy",
     status = "crate::resource::AppStatus",
     doc = "A stateful stream application: a topology of Kafka Streams-style steps run by eddy-worker pods",
     scale(
@@ -498,7 +499,7 @@ impl WarmupSpec {
 pub struct StorageSpec {
     /// Size of each pod's state volume, e.g. `10Gi` (default `1Gi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<String>,
+    pub size: Option<crate::Quantity>,
     /// StorageClass of the state volumes (default: the cluster's default class).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
@@ -514,15 +515,69 @@ pub struct StorageSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MemorySpec {
-    /// Total state memory per process (default `256Mi`): a quarter for the record cache,
-    /// the rest for RocksDB's shared block cache, which also accounts memtables.
+    /// Total state memory per process (default `256Mi`; a Kubernetes quantity: `1.5Gi`,
+    /// `512Mi`, `1e9`): a quarter for the record cache, the rest for RocksDB's shared block
+    /// cache, which also accounts memtables. Under the operator, worker pods without
+    /// `podTemplate` resources get a memory request and limit derived from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<String>,
+    pub budget: Option<crate::Quantity>,
     /// Bytes of the record cache out of the budget (default a quarter of it). `0` turns caching
     /// off: every update goes to the changelog and downstream at once (Kafka Streams'
     /// `statestore.cache.max.bytes=0`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub record_cache: Option<String>,
+    pub record_cache: Option<crate::Quantity>,
+}
+
+/// A process's state memory, in bytes: what [`AppSpec::memory_bytes`] reads from `memory`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryBytes {
+    /// `memory.budget`: RocksDB's block cache and the record cache together.
+    pub budget: u64,
+    /// `memory.recordCache`.
+    pub record_cache: u64,
+}
+
+impl MemorySpec {
+    /// `memory.budget` when not set.
+    pub const DEFAULT_BUDGET: u64 = 256 << 20;
+    /// The least budget a worker runs with.
+    pub const MIN_BUDGET: u64 = 16 << 20;
+}
+
+impl AppSpec {
+    /// The state memory of each worker process; Err names the field (under `memory.`) and
+    /// says what is wrong with it.
+    pub fn memory_bytes(&self) -> Result<MemoryBytes, (&'static str, String)> {
+        let m = self.memory.clone().unwrap_or_default();
+        let budget = match &m.budget {
+            Some(q) => q.bytes().map_err(|e| ("memory.budget", e.to_string()))?,
+            None => MemorySpec::DEFAULT_BUDGET,
+        };
+        if budget < MemorySpec::MIN_BUDGET {
+            return Err((
+                "memory.budget",
+                format!("{budget} bytes is too small: give at least 16Mi"),
+            ));
+        }
+        let record_cache = match &m.record_cache {
+            Some(q) => q
+                .bytes()
+                .map_err(|e| ("memory.recordCache", e.to_string()))?,
+            None => budget / 4,
+        };
+        if record_cache > budget / 2 {
+            return Err((
+                "memory.recordCache",
+                format!(
+                    "{record_cache} bytes is more than half of memory.budget ({budget}): raise the budget or lower the cache"
+                ),
+            ));
+        }
+        Ok(MemoryBytes {
+            budget,
+            record_cache,
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

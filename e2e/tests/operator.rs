@@ -586,6 +586,81 @@ fn a_pod_template_adds_env_and_a_sidecar_to_the_worker() -> Result<()> {
         env_names.contains("TEAM") && env_names.contains("EDDY_APP_FILE"),
         "worker env: {env_names}"
     );
+    // Without spec.resources, the worker's memory follows the default 256Mi budget: not a
+    // BestEffort pod.
+    let resources = env.get(
+        ns,
+        "pod/tmpl-0",
+        "{.spec.containers[0].resources.requests.memory}/{.spec.containers[0].resources.limits.memory}/{.status.qosClass}",
+    );
+    ensure!(
+        resources.starts_with("512Mi/512Mi"),
+        "worker resources: {resources}"
+    );
+    env.delete_apps(ns)?;
+    Ok(())
+}
+
+/// `memory.budget` is a Kubernetes quantity: admission takes `1.5Gi` and refuses `1.5GB`
+/// with the field; the pods' memory follows the budget, and a limit set by hand that leaves
+/// the budget too little room is a `MemoryLimitLow` condition, not a failure.
+#[test]
+fn memory_is_a_quantity_and_a_low_limit_is_a_warning() -> Result<()> {
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let (input, output) = (space.topic("mem-in", 1)?, space.topic("mem-out", 1)?);
+    let app = |name: &str, extra: &str| counting_app_yaml(name, 0, &env.bs, &input, &output, extra);
+    let refused = env
+        .kubectl(
+            &["-n", ns, "create", "--dry-run=server", "-f", "-"],
+            Some(&app("typo", "  memory: {budget: 1.5GB}\n")),
+        )
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    ensure!(
+        refused.contains("spec.memory.budget") && refused.contains("1.5GB"),
+        "a budget of 1.5GB was not refused by admission: {refused:?}"
+    );
+    env.apply(ns, &app("roomy", "  memory: {budget: 1.5Gi}\n"))?;
+    env.apply(
+        ns,
+        &app(
+            "tight",
+            "  memory: {budget: 1Gi}\n  resources: {limits: {memory: 1Gi}}\n",
+        ),
+    )?;
+    wait_until(WAIT, || {
+        Ok(env.get(
+            ns,
+            "statefulset/roomy",
+            "{.spec.template.spec.containers[0].resources.limits.memory}",
+        ) == "3Gi")
+    })
+    .with_context(|| {
+        format!(
+            "roomy: {} / {}",
+            env.get(
+                ns,
+                "statefulset/roomy",
+                "{.spec.template.spec.containers[0].resources}"
+            ),
+            env.get(ns, "ssapp/roomy", "{.status.conditions}")
+        )
+    })?;
+    let low = "{.status.conditions[?(@.type==\"MemoryLimitLow\")].status}/{.status.conditions[?(@.type==\"MemoryLimitLow\")].message}";
+    wait_until(WAIT, || {
+        Ok(env.get(ns, "ssapp/tight", low).starts_with("True/"))
+    })
+    .with_context(|| env.get(ns, "ssapp/tight", "{.status}"))?;
+    let message = env.get(ns, "ssapp/tight", low);
+    ensure!(message.contains("at least 1152Mi"), "{message}");
+    ensure!(
+        env.get(ns, "ssapp/roomy", low).starts_with("False/"),
+        "{}",
+        env.get(ns, "ssapp/roomy", "{.status}")
+    );
     env.delete_apps(ns)?;
     Ok(())
 }

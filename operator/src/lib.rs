@@ -9,6 +9,7 @@ pub mod controller;
 pub mod events;
 pub mod kafka;
 pub mod leader;
+pub mod memory;
 pub mod metrics;
 pub mod placement;
 pub mod reconcile;

@@ -407,6 +407,7 @@ pub fn reconcile_with(
         progress.as_ref(),
         now,
     );
+    memory_condition(&mut status, &prev, &app.spec, app.metadata.generation, now);
     events.extend(warnings(&problems, &prev));
     Desired {
         objects,
@@ -696,6 +697,11 @@ fn conclude(
         _ => (progressing, p_reason, p_message),
     };
     let (d_reason, d_message) = degraded.unwrap_or(("Healthy", "no problem found".to_string()));
+    // Conditions set elsewhere (MemoryLimitLow) stay, after these three.
+    let others: Vec<Condition> = std::mem::take(&mut status.conditions)
+        .into_iter()
+        .filter(|c| !["Ready", "Progressing", "Degraded"].contains(&c.type_.as_str()))
+        .collect();
     status.conditions = vec![
         condition(
             prev,
@@ -725,6 +731,36 @@ fn conclude(
             now,
         ),
     ];
+    status.conditions.extend(others);
+}
+
+/// `MemoryLimitLow`: True while `spec.resources` limits the worker's memory below what
+/// `memory.budget` needs beside the rest of the process (a warning: the app runs).
+fn memory_condition(
+    status: &mut AppStatus,
+    prev: &AppStatus,
+    spec: &eddy_crds::spec::AppSpec,
+    generation: Option<i64>,
+    now: &str,
+) {
+    let warning = crate::memory::limit_warning(spec);
+    let (reason, message) = match &warning {
+        Some(w) => ("BelowBudget", w.clone()),
+        None => (
+            "Fits",
+            "the memory limit leaves the budget room, or there is none".to_string(),
+        ),
+    };
+    status.conditions.retain(|c| c.type_ != "MemoryLimitLow");
+    status.conditions.push(condition(
+        prev,
+        "MemoryLimitLow",
+        warning.is_some(),
+        reason,
+        &message,
+        generation,
+        now,
+    ));
 }
 
 fn condition(

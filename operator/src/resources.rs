@@ -556,7 +556,7 @@ fn stateful_set(
         ports: Some(ports),
         readiness_probe: Some(probe("/readyz")),
         liveness_probe: Some(probe("/healthz")),
-        resources: spec.resources.clone(),
+        resources: crate::memory::resources(spec),
         security_context: Some(container_security()),
         volume_mounts: Some(
             [
@@ -637,7 +637,12 @@ fn stateful_set(
                     resources: Some(VolumeResourceRequirements {
                         requests: Some(BTreeMap::from([(
                             "storage".to_string(),
-                            Quantity(storage.size.clone().unwrap_or_else(|| "1Gi".into())),
+                            Quantity(
+                                storage
+                                    .size
+                                    .as_ref()
+                                    .map_or_else(|| "1Gi".into(), |q| q.to_string()),
+                            ),
                         )])),
                         ..Default::default()
                     }),

@@ -110,9 +110,6 @@ impl WorkerConfig {
     }
 }
 
-/// Default state memory per process.
-pub const DEFAULT_MEMORY_BUDGET: usize = 256 << 20;
-
 impl WorkerConfig {
     pub fn load(path: &Path, o: Overrides) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -158,29 +155,19 @@ impl WorkerConfig {
         let guarantee = spec.processing_guarantee;
         let commit_interval = Duration::from_millis(spec.commit_interval_ms());
         let transaction_timeout = Duration::from_millis(spec.transaction_timeout_ms());
-        let budget = match spec.memory.as_ref().and_then(|m| m.budget.as_deref()) {
-            Some(q) => parse_quantity(q).map_err(|message| bad("memory.budget", message))?,
-            None => DEFAULT_MEMORY_BUDGET,
+        let memory = spec
+            .memory_bytes()
+            .map_err(|(field, message)| bad(field, message))?;
+        let addressable = |field: &str, bytes: u64| {
+            usize::try_from(bytes).map_err(|_| {
+                bad(
+                    field,
+                    format!("{bytes} bytes is more than this machine can address"),
+                )
+            })
         };
-        if budget < 16 << 20 {
-            return Err(bad(
-                "memory.budget",
-                format!("{budget} bytes is too small: give at least 16Mi"),
-            ));
-        }
-        let record_cache_bytes = match spec.memory.as_ref().and_then(|m| m.record_cache.as_deref())
-        {
-            Some(q) => parse_quantity(q).map_err(|message| bad("memory.recordCache", message))?,
-            None => budget / 4,
-        };
-        if record_cache_bytes > budget / 2 {
-            return Err(bad(
-                "memory.recordCache",
-                format!(
-                    "{record_cache_bytes} bytes is more than half of memory.budget ({budget}): raise the budget or lower the cache"
-                ),
-            ));
-        }
+        let budget = addressable("memory.budget", memory.budget)?;
+        let record_cache_bytes = addressable("memory.recordCache", memory.record_cache)?;
         let topology = Topology::from_spec(&application_id, &spec).map_err(|source| {
             ConfigError::Topology {
                 path: path.to_path_buf(),
@@ -291,32 +278,6 @@ pub fn security_properties(
         .collect()
 }
 
-/// Parse a Kubernetes-style quantity of bytes: `256Mi`, `1Gi`, `500M`, `1048576`.
-pub fn parse_quantity(q: &str) -> Result<usize, String> {
-    let q = q.trim();
-    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
-    let (num, unit) = q.split_at(split);
-    let n: usize = num
-        .parse()
-        .map_err(|_| format!("{q:?} is not a quantity: expected e.g. 256Mi, 1Gi or 500M"))?;
-    let mult: usize = match unit {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "k" => 1000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        _ => {
-            return Err(format!(
-                "{q:?}: unknown unit {unit:?}, expected Ki, Mi, Gi, k, M or G"
-            ));
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{q:?} is too large"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,15 +371,6 @@ mod tests {
     }
 
     #[test]
-    fn quantities() {
-        assert_eq!(parse_quantity("256Mi"), Ok(256 << 20));
-        assert_eq!(parse_quantity("1G"), Ok(1_000_000_000));
-        assert_eq!(parse_quantity("42"), Ok(42));
-        assert!(parse_quantity("12 parsecs").is_err());
-        assert!(parse_quantity("Mi").is_err());
-    }
-
-    #[test]
     fn flags_override_the_file_and_defaults_follow_the_guarantee() {
         let text = "apiVersion: eddy.dev/v1alpha1\nkind: StatefulStreamApp\nmetadata: {name: pv}\nspec:\n  kafka: {bootstrapServers: 'k:9092'}\n  processingGuarantee: exactly_once\n  topology: [{from: {topic: a}}]\n";
         let c = WorkerConfig::from_text(
@@ -435,7 +387,8 @@ mod tests {
         assert_eq!(c.commit_interval, Duration::from_millis(100));
         assert_eq!(
             c.rocksdb_bytes + c.record_cache_bytes,
-            DEFAULT_MEMORY_BUDGET
+            256 << 20,
+            "the default budget"
         );
     }
 

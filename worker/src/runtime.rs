@@ -303,7 +303,7 @@ pub fn run(
         tasks: Vec::new(),
         applied: None,
         stale: false,
-        backoff: MIN_BACKOFF,
+        backoff: recovery_backoff(),
         rejections: 0,
         last_poll_warning: None,
         paused: Vec::new(),
@@ -410,9 +410,21 @@ fn input_consumer(
         .map_err(kafka("creating the consumer"))
 }
 
-/// Back-off between recoveries: short for a blip, at most 10 s while something stays down.
+/// Back-off between recoveries: short for a blip, at most 10 s while something stays down,
+/// each wait plus up to as much again at random, so that the workers of a cluster do not all
+/// come back in step after a broker outage.
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+fn recovery_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(MIN_BACKOFF)
+        .with_max_delay(MAX_BACKOFF)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
 
 /// A broker rejecting records this many times in a row, with no commit in between, is not
 /// fixed by retrying: the worker stops with the broker's reason.
@@ -438,8 +450,8 @@ struct Manager<'a> {
     applied: Option<i64>,
     /// A recovery dropped the tasks: take the assigned ones again.
     stale: bool,
-    /// Wait before the next attempt after a recoverable error.
-    backoff: Duration,
+    /// The waits before the next attempts after recoverable errors.
+    backoff: backon::ExponentialBackoff,
     /// Record rejections by a broker since the last commit.
     rejections: u32,
     /// Poll errors librdkafka recovers from are logged at most every few seconds.
@@ -483,7 +495,8 @@ impl Manager<'_> {
                 }
             }
             let reason = err.reason();
-            tracing::warn!(error = %err, retry_in = ?self.backoff,
+            let wait = self.backoff.next().unwrap_or(MAX_BACKOFF);
+            tracing::warn!(error = %err, retry_in = ?wait,
                 "dropping uncommitted work and resuming from the last commit");
             self.metrics
                 .recoveries
@@ -493,12 +506,11 @@ impl Manager<'_> {
                 .inc();
             self.set_problem(reason, &err);
             self.recover();
-            let until = Instant::now() + self.backoff;
+            let until = Instant::now() + wait;
             while Instant::now() < until && !self.status.shutdown.load(Ordering::Relaxed) {
                 self.status.beat();
                 std::thread::sleep(Duration::from_millis(50));
             }
-            self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         }
     }
 
@@ -570,7 +582,7 @@ impl Manager<'_> {
 
     /// Work went through: forget past problems.
     fn healthy(&mut self) {
-        self.backoff = MIN_BACKOFF;
+        self.backoff = recovery_backoff();
         self.rejections = 0;
         let cleared = self
             .status
@@ -1648,8 +1660,28 @@ fn watermarks<C: rdkafka::consumer::ConsumerContext>(
 
 #[cfg(test)]
 mod tests {
-    use super::input_lag;
+    use super::{MAX_BACKOFF, MIN_BACKOFF, input_lag, recovery_backoff};
     use rdkafka::statistics::Partition;
+    use std::time::Duration;
+
+    /// Waits double from 200 ms to 10 s, each with up to as much again at random: two
+    /// workers failing at once wait different times.
+    #[test]
+    fn recoveries_back_off_with_jitter() {
+        let waits: Vec<Duration> = recovery_backoff().take(12).collect();
+        assert_eq!(waits.len(), 12, "the back-off never runs out");
+        let mut bound = MIN_BACKOFF;
+        for w in &waits {
+            assert!(
+                *w >= bound && *w <= bound * 2,
+                "{w:?} not in [{bound:?}, {:?}]",
+                bound * 2
+            );
+            bound = (bound * 2).min(MAX_BACKOFF);
+        }
+        let others: Vec<Duration> = recovery_backoff().take(12).collect();
+        assert_ne!(waits, others, "two workers' waits are the same");
+    }
 
     #[test]
     fn input_lag_counts_from_the_position_not_a_commit() {
