@@ -9,12 +9,14 @@ keep=${1:-}
 ./e2e/setup.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/eddy/target}
 K="$root/e2e/kafka/kafka.sh"
+# Each phase says when it starts (time since the start).
+step() { printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
-echo "==> building eddy-worker (release)" >&2
-cargo build --release -q -p eddy-worker
+step "building eddy-worker (release; a fresh machine compiles RocksDB and librdkafka first, 25-40 minutes, listing each crate)"
+cargo build --release -p eddy-worker
 worker="$CARGO_TARGET_DIR/release/eddy-worker"
 
-echo "==> starting a local Kafka broker" >&2
+step "starting a local Kafka broker"
 bs=$("$K" start --name demo)
 work=$(mktemp -d)
 cleanup() {
@@ -29,7 +31,7 @@ for t in page-views views-per-user; do
   "$K" tool topics --bootstrap-server "$bs" --create --if-not-exists --topic "$t" --partitions 3 >/dev/null
 done
 
-echo "==> producing 1000 page views" >&2
+step "producing 1000 page views"
 users=(alice bob carol dave erin)
 for i in $(seq 0 999); do
   u=${users[$((i % 5))]}
@@ -38,7 +40,7 @@ for i in $(seq 0 999); do
 done | "$K" tool console-producer --bootstrap-server "$bs" --topic page-views \
   --reader-property parse.key=true --reader-property 'key.separator=	' >/dev/null
 
-echo "==> running eddy-worker on examples/page-views.yaml" >&2
+step "running eddy-worker on examples/page-views.yaml"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$worker" run -f examples/page-views.yaml --bootstrap-servers "$bs" \
   --state-dir "$work/state" --http-addr "127.0.0.1:$port" 2>"$work/worker.log" &
@@ -57,7 +59,7 @@ for _ in $(seq 1 600); do
 done
 kill -TERM "$wpid"; wait "$wpid"; wpid=
 
-echo "==> views per user (status 200 only), from topic views-per-user:" >&2
+step "views per user (status 200 only), from topic views-per-user:"
 "$K" tool console-consumer --bootstrap-server "$bs" --topic views-per-user --from-beginning \
   --isolation-level read_committed --timeout-ms 5000 \
   --formatter-property print.key=true \

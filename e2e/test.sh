@@ -9,12 +9,14 @@ root=$(pwd)
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/eddy/target}
 export CARGO_TERM_COLOR=never
-step() { printf '\n==> %s\n' "$*" >&2; }
+# Each phase says when it starts (time since the start): the first run compiles for 25-40
+# minutes, and cargo lists what it compiles meanwhile.
+step() { printf '\n==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "building (release: the tests run the same binaries the benchmark measures)"
+step "building (release: the tests run the same binaries the benchmark measures; a fresh machine compiles RocksDB and librdkafka first, 25-40 minutes)"
 cargo build --release --workspace --all-targets
 
 step "cargo clippy"
