@@ -49,16 +49,37 @@ impl std::fmt::Display for Quantity {
 
 impl<'de> Deserialize<'de> for Quantity {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum IntOrString {
-            Int(u64),
-            String(String),
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Quantity;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a quantity of bytes such as 512Mi, 1.5Gi or 1073741824")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_string()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Quantity, E> {
+                Ok(Quantity(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Quantity, E> {
+                u64::try_from(v)
+                    .map(|v| Quantity(v.to_string()))
+                    .map_err(|_| {
+                        E::custom(format!("{v} is negative: a quantity of bytes is 0 or more"))
+                    })
+            }
+            // YAML reads an unquoted `1e9` as a float.
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Quantity, E> {
+                if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 1.8e19 {
+                    Ok(Quantity(format!("{v:.0}")))
+                } else {
+                    Err(E::custom(format!(
+                        "{v} is not a whole number of bytes: write e.g. 512Mi or 1.5Gi (quoted)"
+                    )))
+                }
+            }
         }
-        match IntOrString::deserialize(d)? {
-            IntOrString::Int(n) => Ok(Quantity(n.to_string())),
-            IntOrString::String(s) => Ok(Quantity(s)),
-        }
+        d.deserialize_any(V)
     }
 }
 
@@ -85,7 +106,7 @@ impl JsonSchema for Quantity {
 pub fn bytes(text: &str) -> Result<u64, QuantityError> {
     let syntax = || QuantityError::Syntax(text.to_string());
     let too_large = || QuantityError::TooLarge(text.to_string());
-    let t = text.trim();
+    let t = text;
     let end = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
@@ -121,7 +142,9 @@ pub fn bytes(text: &str) -> Result<u64, QuantityError> {
     if fraction.len() > 30 || whole.len() > 30 {
         return Err(too_large());
     }
-    let mantissa: u128 = format!("{whole}{fraction}").parse().map_err(|_| syntax())?;
+    let mantissa: u128 = format!("{whole}{fraction}")
+        .parse()
+        .map_err(|_| too_large())?;
     let scale = base.checked_pow(exponent).ok_or_else(too_large)?;
     let numerator = mantissa.checked_mul(scale).ok_or_else(too_large)?;
     let denominator = 10u128.pow(u32::try_from(fraction.len()).map_err(|_| too_large())?);
@@ -163,6 +186,12 @@ mod tests {
         }
         assert!(matches!(bytes("16Ei"), Err(QuantityError::TooLarge(_))));
         assert!(matches!(bytes("1e40"), Err(QuantityError::TooLarge(_))));
+        assert_eq!(bytes(" 1Gi"), Err(QuantityError::Syntax(" 1Gi".into())));
+        // Unquoted in YAML: an integer, a float, a negative number.
+        let q = |y: &str| serde_yaml::from_str::<Quantity>(y).map(|q| q.bytes());
+        assert_eq!(q("1073741824").ok(), Some(Ok(1 << 30)));
+        assert_eq!(q("1e9").ok(), Some(Ok(1_000_000_000)));
+        assert!(q("-1").is_err() && q("1.5").is_err());
     }
 
     /// Admission (the CRD's pattern) and the parser agree on every shape.

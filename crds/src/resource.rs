@@ -320,8 +320,7 @@ fn bound_status(status: &mut Value) {
     let replicas = json!(crate::manifest::MAX_REPLICAS);
     let p = &mut status["properties"];
     p["conditions"]["maxItems"] = json!(16);
-    // One condition per type, merged by type (`kubectl patch --type=merge` and server-side
-    // apply of a condition replace that condition only).
+    // One condition per type; server-side apply merges conditions by type.
     p["conditions"]["x-kubernetes-list-type"] = json!("map");
     p["conditions"]["x-kubernetes-list-map-keys"] = json!(["type"]);
     let a = &mut p["assignment"]["properties"];

@@ -517,8 +517,9 @@ pub struct StorageSpec {
 pub struct MemorySpec {
     /// Total state memory per process (default `256Mi`; a Kubernetes quantity: `1.5Gi`,
     /// `512Mi`, `1e9`): a quarter for the record cache, the rest for RocksDB's shared block
-    /// cache, which also accounts memtables. Under the operator, worker pods without
-    /// `podTemplate` resources get a memory request and limit derived from it.
+    /// cache, which also accounts memtables. Under the operator, worker pods get a memory
+    /// request and limit derived from it unless `resources` (or the worker container in
+    /// `podTemplate`) sets their own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<crate::Quantity>,
     /// Bytes of the record cache out of the budget (default a quarter of it). `0` turns caching

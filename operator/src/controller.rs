@@ -43,7 +43,9 @@ const INSTANCE: &str = "app.kubernetes.io/instance";
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("Kubernetes API: {0}")]
-    Kube(kube::Error),
+    // Also the source: kube's error text leaves out its cause (the connection's), which the
+    // binary's report then adds; the text itself is not said twice.
+    Kube(#[source] kube::Error),
     #[error("{0}")]
     Kafka(String),
     #[error("encoding an object: {0}")]

@@ -101,6 +101,7 @@ pub enum CredentialsError {
     Unavailable {
         namespace: String,
         name: String,
+        #[source]
         cause: kube::Error,
     },
 }

@@ -20,12 +20,26 @@ pub fn default_memory(budget: u64) -> u64 {
         .max(budget.saturating_add(256 << 20))
 }
 
-/// The worker container's resources: `spec.resources` when set, else a memory request and
-/// limit of [`default_memory`] and a CPU request of 100m (no CPU limit: throttling stalls
-/// commits and probes). None when the memory settings are invalid (the spec is refused).
+/// The `resources` the app's `podTemplate` gives the worker container, merged over ours.
+fn template_resources(spec: &AppSpec) -> Option<&serde_json::Value> {
+    spec.pod_template.as_ref()?["spec"]["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == crate::resources::WORKER_CONTAINER)?
+        .get("resources")
+}
+
+/// The worker container's resources: `spec.resources` when set; none of ours when the
+/// `podTemplate` sets the worker's (merged map by map, ours could leave a limit below its
+/// request); else a memory request and limit of [`default_memory`] and a CPU request of
+/// 100m (no CPU limit: throttling stalls commits and probes). None too when the memory
+/// settings are invalid (the spec is refused).
 pub fn resources(spec: &AppSpec) -> Option<ResourceRequirements> {
     if let Some(r) = &spec.resources {
         return Some(r.clone());
+    }
+    if template_resources(spec).is_some() {
+        return None;
     }
     let memory = Quantity(mebibytes(default_memory(spec.memory_bytes().ok()?.budget)));
     Some(ResourceRequirements {
@@ -41,13 +55,20 @@ pub fn resources(spec: &AppSpec) -> Option<ResourceRequirements> {
 /// Why the memory limit of `spec.resources` is too low for the budget, if it is.
 pub fn limit_warning(spec: &AppSpec) -> Option<String> {
     let memory = spec.memory_bytes().ok()?;
-    let limit = spec.resources.as_ref()?.limits.as_ref()?.get("memory")?;
-    let bytes = eddy_crds::quantity::bytes(&limit.0).ok()?;
+    // The podTemplate's wins: it is merged over spec.resources.
+    let limit = template_resources(spec)
+        .and_then(|r| r["limits"]["memory"].as_str())
+        .map(str::to_string)
+        .or_else(|| {
+            let r = spec.resources.as_ref()?;
+            Some(r.limits.as_ref()?.get("memory")?.0.clone())
+        })?;
+    let bytes = eddy_crds::quantity::bytes(&limit).ok()?;
     let needs = memory.budget.saturating_add(OVERHEAD);
     (bytes < needs).then(|| {
         format!(
             "resources.limits.memory ({}) leaves memory.budget ({}) less than {} for the rest of the worker: it may be OOM-killed as its state grows; raise the limit to at least {} (or lower the budget)",
-            limit.0,
+            limit,
             mebibytes(memory.budget),
             mebibytes(OVERHEAD),
             mebibytes(needs)
@@ -96,6 +117,11 @@ mod tests {
         let own = resources(&spec("resources: {requests: {cpu: '2'}}")).expect("resources");
         assert_eq!(own.limits, None);
         assert!(resources(&spec("memory: {budget: 1GB}")).is_none());
+        // Resources set through the podTemplate are the pod's alone.
+        let tmpl = "podTemplate: {spec: {containers: [{name: worker, resources: {requests: {memory: 2Gi}}}]}}";
+        assert!(resources(&spec(tmpl)).is_none());
+        let sidecar = "podTemplate: {spec: {containers: [{name: proxy, resources: {requests: {memory: 2Gi}}}]}}";
+        assert!(resources(&spec(sidecar)).is_some());
     }
 
     #[test]
@@ -110,6 +136,11 @@ mod tests {
             warn("resources: {requests: {memory: 64Mi}}"),
             None,
             "no limit, no warning"
+        );
+        assert!(
+            warn("podTemplate: {spec: {containers: [{name: worker, resources: {limits: {memory: 200Mi}}}]}}")
+                .is_some(),
+            "a limit in the podTemplate counts"
         );
     }
 }

@@ -235,7 +235,7 @@ impl Default for Metrics {
         );
         r.register(
             "app_condition",
-            "1 for the status (True, False, Unknown) of each condition of an app (Ready, Progressing, Degraded)",
+            "1 for the status (True, False, Unknown) of each condition of an app (Ready, Progressing, Degraded, MemoryLimitLow)",
             m.app_condition.clone(),
         );
         r.register(

@@ -1,7 +1,8 @@
 //! How both binaries print an error: one line, `error: ` then the error and its causes
 //! joined by `: `, each said once. eddy's own errors hold their cause in their text and do
-//! not also return it as `source()`; some of the crates' errors (kube's config inference,
-//! librdkafka's codes) do both, so a cause whose text is already printed is skipped.
+//! not also return it as `source()` (except a crate's error whose own text leaves out its
+//! cause, e.g. kube's); some crates' errors (kube's config inference, librdkafka's codes) do
+//! both, so a cause whose text was just said, or said anywhere if it is long, is skipped.
 
 use std::error::Error;
 use std::fmt;
@@ -15,7 +16,10 @@ impl fmt::Display for Report<'_> {
         let mut cause = self.0.source();
         while let Some(c) = cause {
             let text = c.to_string();
-            if !text.is_empty() && !said.contains(&text) {
+            // Said already: at the end (the usual `what: {cause}`), or anywhere if long enough
+            // not to be a common phrase ("timed out") that could be a new cause.
+            let repeated = said.ends_with(&text) || (text.len() >= 24 && said.contains(&text));
+            if !text.is_empty() && !repeated {
                 said.push_str(": ");
                 said.push_str(&text);
             }
@@ -59,6 +63,13 @@ mod tests {
         assert_eq!(
             Report(io.as_ref()).to_string(),
             "reading b.yaml: no such file"
+        );
+        // A short cause said earlier, not at the end, is a new cause.
+        let again =
+            anyhow::Error::new(not_found()).context("no such file in the index; reading c.yaml");
+        assert_eq!(
+            Report(again.as_ref()).to_string(),
+            "no such file in the index; reading c.yaml: no such file"
         );
     }
 }

@@ -56,6 +56,36 @@ impl Reason {
             Reason::NotCopartitioned => "NotCopartitioned",
         }
     }
+
+    /// Whether the app's owner fixes it (its spec, topics or Secrets), rather than whoever
+    /// runs Kafka, the volumes or the API server: the chart's alerts warn for these and page
+    /// for the others (`EddyAppMisconfigured` and `EddyAppDegraded` list them; a test
+    /// checks the two agree).
+    pub fn owner_fixes(self) -> bool {
+        !matches!(
+            self,
+            Reason::KafkaUnreachable
+                | Reason::WorkerKafkaUnavailable
+                | Reason::StateStoreUnavailable
+                | Reason::WorkerApiServerUnreachable
+        )
+    }
+
+    pub const ALL: [Reason; 13] = [
+        Reason::InvalidSpec,
+        Reason::ApplicationIdConflict,
+        Reason::NameConflict,
+        Reason::ApplyFailed,
+        Reason::KafkaUnreachable,
+        Reason::KafkaCredentialsMissing,
+        Reason::KafkaCredentialsNotAllowed,
+        Reason::WorkerKafkaUnavailable,
+        Reason::StateStoreUnavailable,
+        Reason::WorkerApiServerUnreachable,
+        Reason::SourceTopicMissing,
+        Reason::InternalTopicMismatch,
+        Reason::NotCopartitioned,
+    ];
 }
 
 impl std::fmt::Display for Reason {
@@ -105,10 +135,14 @@ pub fn from_workers(reports: &BTreeMap<String, WorkerStatus>) -> Vec<Problem> {
         .collect()
 }
 
-/// The `Degraded` condition for these problems: the first one's reason, and every message
-/// (each names what it concerns), or None when there is none.
+/// The `Degraded` condition for these problems: the reason of the first one the owner does
+/// not fix (so a full volume still pages beside a bad spec edit), else of the first, and
+/// every message (each names what it concerns); None when there is none.
 pub fn degraded(problems: &[Problem]) -> Option<(&'static str, String)> {
-    let first = problems.first()?;
+    let first = problems
+        .iter()
+        .find(|p| !p.reason.owner_fixes())
+        .or_else(|| problems.first())?;
     let message = problems
         .iter()
         .map(|p| p.message.as_str())
@@ -162,5 +196,50 @@ mod tests {
         };
         let new: Vec<Reason> = new_since(&p, &prev).iter().map(|p| p.reason).collect();
         assert_eq!(new, [Reason::ApplyFailed]);
+    }
+}
+
+#[cfg(test)]
+mod alert_tests {
+    use super::*;
+
+    /// The chart's alerts split Degraded apps by reason: `EddyAppMisconfigured` lists the
+    /// reasons the owner fixes, `EddyAppDegraded` pages for every other one.
+    #[test]
+    fn the_alerts_list_the_reasons_the_owner_fixes() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../charts/eddy-operator/files/alerts.yaml"
+        );
+        let rules = std::fs::read_to_string(path).expect("alerts.yaml");
+        let listed = |alert: &str, op: &str| -> Vec<String> {
+            let at = rules.find(&format!("alert: {alert}\n")).expect(alert);
+            let key = format!("reason{op}\"");
+            let from = at + rules[at..].find(&key).expect("reason matcher") + key.len();
+            let to = from + rules[from..].find('"').expect("end");
+            let mut v: Vec<String> = rules[from..to].split('|').map(str::to_string).collect();
+            v.sort();
+            v
+        };
+        let mut owner: Vec<String> = Reason::ALL
+            .iter()
+            .filter(|r| r.owner_fixes())
+            .map(|r| r.as_str().to_string())
+            .collect();
+        owner.sort();
+        assert_eq!(listed("EddyAppMisconfigured", "=~"), owner);
+        assert_eq!(listed("EddyAppDegraded", "!~"), owner);
+    }
+
+    #[test]
+    fn a_problem_the_owner_does_not_fix_names_the_condition() {
+        let problems = [
+            Problem::new(Reason::InvalidSpec, "spec.x: bad"),
+            Problem::new(Reason::StateStoreUnavailable, "worker a-0: disk full"),
+        ];
+        let (reason, message) = degraded(&problems).expect("degraded");
+        assert_eq!(reason, "StateStoreUnavailable");
+        assert_eq!(message, "spec.x: bad; worker a-0: disk full");
+        assert_eq!(degraded(&problems[..1]).map(|d| d.0), Some("InvalidSpec"));
     }
 }

@@ -75,7 +75,7 @@ pub enum ReviewError {
     #[error("the review of this token, asked by another request, failed")]
     Failed,
     #[error("asking the Kubernetes API: {0}")]
-    Api(kube::Error),
+    Api(#[source] kube::Error),
     #[error("writing the review request: {0}")]
     Encode(serde_json::Error),
     #[error("writing the review request: {0}")]
@@ -85,7 +85,7 @@ pub enum ReviewError {
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     #[error("making a Kubernetes client without credentials: {0}")]
-    Client(kube::Error),
+    Client(#[source] kube::Error),
 }
 
 /// Judges tokens for one app through the API server, and holds this worker's own token.
@@ -352,7 +352,7 @@ impl Reviewer {
             false => format!(" ({})", crate::format::shorten(reason, 300)),
         };
         format!(
-            "this token may not query app {}/{}{because}: it needs `get` on `statefulstreamapps/query` there, e.g. a RoleBinding in namespace {} to the chart's ClusterRole `<release>-eddy-operator-query` (docs/queries.md, \"Who may query\")",
+            "this token may not query app {}/{}{because}: it needs `get` on `statefulstreamapps/query` there, e.g. a RoleBinding in namespace {} to the chart's ClusterRole `<release name>-query` (`eddy-operator-query`) (docs/queries.md, \"Who may query\")",
             self.namespace, self.app, self.namespace
         )
     }
