@@ -12,6 +12,27 @@ pub const PENDING_METRICS: &[&str] = &[];
 
 pub const CHART: &str = "charts/eddy-operator";
 
+/// The documents of a multi-document YAML (a file, or `helm template`'s output; split at
+/// lines `---`), as JSON values; empty documents (comments only) left out.
+pub fn documents(yaml: &str) -> Result<Vec<serde_json::Value>> {
+    let mut docs = Vec::new();
+    let mut current = String::new();
+    for line in yaml.lines().chain(std::iter::once("---")) {
+        if line.trim_end() == "---" {
+            let v: serde_json::Value = serde_yaml::from_str(&current)
+                .with_context(|| format!("parsing a YAML document:\n{current}"))?;
+            if !v.is_null() {
+                docs.push(v);
+            }
+            current.clear();
+        } else {
+            current.push_str(line);
+            current.push('\n');
+        }
+    }
+    Ok(docs)
+}
+
 /// `charts/eddy-operator/files/dashboard.json`, parsed.
 pub fn dashboard() -> Result<serde_json::Value> {
     let path = repo_root().join(CHART).join("files/dashboard.json");

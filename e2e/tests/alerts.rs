@@ -349,19 +349,6 @@ fn env() -> Result<&'static Operated> {
     )
 }
 
-/// The objects of a YAML stream (`helm template` output), as JSON.
-fn documents(yaml: &str) -> Result<Vec<serde_json::Value>> {
-    let mut out = Vec::new();
-    for doc in yaml.split("\n---") {
-        let v: serde_json::Value =
-            serde_yaml::from_str(doc).with_context(|| format!("parsing a document of\n{yaml}"))?;
-        if !v.is_null() {
-            out.push(v);
-        }
-    }
-    Ok(out)
-}
-
 fn app_yaml(name: &str, bs: &str, input: &str, output: &str, properties: &str) -> String {
     format!(
         r#"apiVersion: eddy.dev/v1alpha1
@@ -426,7 +413,7 @@ fn a_real_prometheus_scraping_as_the_chart_says_fires_its_alerts_for_a_degraded_
 
     // The chart's rules, rendered with values that make the two alerts fire at once (a
     // restore backlog of more than 1000 records).
-    let rendered = documents(&chart::template(
+    let rendered = chart::documents(&chart::template(
         &env.cp,
         OPERATOR_NS,
         &[
@@ -451,7 +438,7 @@ fn a_real_prometheus_scraping_as_the_chart_says_fires_its_alerts_for_a_degraded_
     );
     // The scrape jobs the prometheus-operator would make of the chart's monitors: the
     // operator (honor_labels) and every worker pod, found through the API server.
-    let monitors = documents(&chart::template(
+    let monitors = chart::documents(&chart::template(
         &env.cp,
         OPERATOR_NS,
         &[

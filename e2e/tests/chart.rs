@@ -624,7 +624,7 @@ fn two_releases_in_one_namespace_each_lead_their_own_namespaces() -> Result<()> 
     let cleanup = scopeguard(|| {
         let _ = env.kubectl(&["delete", "--ignore-not-found", "-f", "-"], Some(&rbac));
     });
-    let deployment = yaml_documents(&render(&["templates/deployment.yaml"])?)?
+    let deployment = chart::documents(&render(&["templates/deployment.yaml"])?)?
         .into_iter()
         .find(|d| d["kind"] == "Deployment")
         .context("no Deployment")?;
@@ -700,26 +700,13 @@ fn two_releases_in_one_namespace_each_lead_their_own_namespaces() -> Result<()> 
 /// `Kind/name` of every object of a multi-document YAML.
 fn serde_yaml_names(yaml: &str) -> Result<BTreeSet<String>> {
     let mut names = BTreeSet::new();
-    for doc in yaml_documents(yaml)? {
+    for doc in chart::documents(yaml)? {
         let v = doc;
         if let (Some(kind), Some(name)) = (v["kind"].as_str(), v["metadata"]["name"].as_str()) {
             names.insert(format!("{kind}/{name}"));
         }
     }
     Ok(names)
-}
-
-/// The documents of a multi-document YAML (`helm template`'s output), as JSON values.
-fn yaml_documents(yaml: &str) -> Result<Vec<Value>> {
-    let mut docs = Vec::new();
-    for text in yaml.split("\n---") {
-        let v: Value =
-            serde_yaml::from_str(text).context("a document of helm template's output")?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
 }
 
 /// Runs `f` when dropped: the test's objects go also when it fails half-way.

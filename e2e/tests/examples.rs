@@ -46,7 +46,7 @@ fn every_kubernetes_example_passes_a_server_side_dry_run() -> Result<()> {
         let text = std::fs::read_to_string(file).with_context(|| format!("{DIR}/{name}"))?;
         let objects = dry_run(&cp, file).with_context(|| format!("{DIR}/{name}"))?;
         let returned: Vec<String> = objects.iter().map(kind_and_name).collect();
-        let written: Vec<String> = documents(&text)
+        let written: Vec<String> = eddy_e2e::chart::documents(&text)
             .with_context(|| format!("{DIR}/{name}"))?
             .iter()
             .map(kind_and_name)
@@ -136,26 +136,6 @@ fn dry_run(cp: &ControlPlane, file: &Path) -> Result<Vec<Value>> {
         Some("List") => v["items"].as_array().cloned().unwrap_or_default(),
         _ => vec![v],
     })
-}
-
-/// The documents of a multi-document YAML file (split at lines `---`), as JSON values; empty
-/// documents (comments only) left out.
-fn documents(yaml: &str) -> Result<Vec<Value>> {
-    let mut docs = Vec::new();
-    let mut current = String::new();
-    for line in yaml.lines().chain(std::iter::once("---")) {
-        if line.trim_end() == "---" {
-            let v: Value = serde_yaml::from_str(&current)?;
-            if !v.is_null() {
-                docs.push(v);
-            }
-            current.clear();
-        } else {
-            current.push_str(line);
-            current.push('\n');
-        }
-    }
-    Ok(docs)
 }
 
 fn kind_and_name(o: &Value) -> String {
