@@ -35,6 +35,10 @@ pub struct AppStatus {
     /// `readyReplicas/replicas`, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<String>,
+    /// The `Progressing` condition's reason, with the pods done during a rolling update
+    /// (`RollingUpdate 2/3`), for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
     /// Label selector of the pods, for the scale subresource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,

@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
     printcolumn(
         name = "Progress",
         type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Progressing\")].reason",
-        description = "what the assignor is doing: ScalingOut, Draining, WarmingUp, FailingOver, Restoring, Stable, ..."
+        json_path = ".status.progress",
+        description = "what the operator is doing: ScalingOut, Draining, WarmingUp, FailingOver, RollingUpdate 1/3, Restoring, Stable, ..."
     ),
     printcolumn(
         name = "Backlog",

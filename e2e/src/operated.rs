@@ -375,7 +375,7 @@ impl Operated {
     }
 
     /// Settled at `replicas`: the StatefulSet has exactly that many pods, all Ready and on the
-    /// current revision; the assignment spreads every task over them and nothing moves; each
+    /// current revision (the rolling update done); the assignment spreads every task over them and nothing moves; each
     /// worker applied it and runs its actives; the phase is Running.
     pub fn settled(&self, ns: &str, app: &str, replicas: usize) -> Result<bool> {
         let (generation, s) = self.app_status(ns, app)?;
@@ -410,7 +410,9 @@ impl Operated {
             && sts("{.spec.replicas}") == replicas.to_string()
             && sts("{.status.readyReplicas}") == replicas.to_string()
             && sts("{.status.replicas}") == replicas.to_string()
-            && sts("{.status.currentRevision}") == sts("{.status.updateRevision}"))
+            // Every pod on the current template (the StatefulSet updates OnDelete, so its
+            // currentRevision never moves; updatedReplicas counts the pods on updateRevision).
+            && sts("{.status.updatedReplicas}") == replicas.to_string())
     }
 
     pub fn wait_settled(&self, ns: &str, app: &str, replicas: usize) -> Result<()> {

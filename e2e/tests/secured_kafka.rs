@@ -292,6 +292,50 @@ fn apps_on_sasl_and_tls_listeners_run_with_credentials_only_in_secrets() -> Resu
     );
     ensure!(env("EDDY_KAFKA_SASL_USERNAME", "value") == "eddy");
 
+    // A rotated Secret rolls the pods of the app that uses it (its workers read credentials
+    // when they start): the pod template's digest changes, the pod is replaced, the app goes
+    // on. Text before a PEM block is ignored, so the CA file can change and stay valid.
+    let (mtls, _) = &apps[1];
+    let digest = || {
+        cp.jsonpath(
+            NS,
+            &format!("statefulset/{mtls}"),
+            "{.spec.template.metadata.annotations.eddy\\.dev/credentials-digest}",
+        )
+    };
+    let before = digest();
+    ensure!(before.len() == 32, "credentials digest: {before:?}");
+    let pod = format!("{mtls}-0");
+    let uid = cp.jsonpath(NS, &format!("pod/{pod}"), "{.metadata.uid}");
+    let rotated = serde_json::json!({"stringData": {"ca.crt": format!("# rotated\n{ca}")}});
+    cp.kubectl(
+        &[
+            "-n",
+            NS,
+            "patch",
+            "secret",
+            "kafka-tls",
+            "--type=merge",
+            "-p",
+            &rotated.to_string(),
+        ],
+        None,
+    )?;
+    produce(&format!("{mtls}-in"), &records)?;
+    wait_until(WAIT, || {
+        let last = latest_by_key(&format!("{mtls}-out"))?;
+        Ok(digest() != before
+            && cp.jsonpath(NS, &format!("pod/{pod}"), "{.metadata.uid}") != uid
+            && last.len() == 30
+            && last.values().all(|v| v.as_slice() == 20i64.to_be_bytes()))
+    })
+    .with_context(|| {
+        format!(
+            "{mtls}: the rotated Secret did not roll the pod\n{}",
+            logs(dir.path())
+        )
+    })?;
+
     // A missing Secret: Degraded, naming it; once created, the app runs.
     let late = unique("late");
     let (input, output) = (format!("{late}-in"), format!("{late}-out"));

@@ -553,6 +553,8 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     let mut observed = Observed {
         claims: ctx.all_apps().iter().map(|a| a.claim()).collect(),
         pods: observe_pods(&ctx.pods, &ns, &name),
+        revisions: pod_revisions(&ctx.pods, &ns, &name),
+        credentials_digest: conn.as_ref().ok().and_then(|c| c.digest(&uid)),
         report_ages: ctx
             .report_clock
             .ages(&uid, &prev.workers, std::time::Instant::now()),
@@ -628,6 +630,26 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
     if sts_applied {
         publish(ctx, raw, &desired.lifecycle).await;
     }
+    // After the status: the assignment that empties the pod is written before it goes.
+    if let Some(restart) = &desired.restart
+        && restart_pod(ctx, &ns, &name, restart).await?
+    {
+        tracing::info!(app = %raw.id(), pod = %restart.pod, revision = %restart.revision, "rolling update: restarted the pod");
+        let message = format!(
+            "deleted pod {} for the rolling update to revision {}: it held no active task; the StatefulSet recreates it from the new template on its volume",
+            restart.pod, restart.revision
+        );
+        publish(
+            ctx,
+            raw,
+            &[reconcile::Event {
+                warning: false,
+                reason: "PodRestarted".into(),
+                message,
+            }],
+        )
+        .await;
+    }
     // Moves waiting for a catch-up are looked at every second (a report usually wakes the
     // reconcile sooner); otherwise every 10 s, since a worker that stops reporting sends
     // no event (`STALE_REPORT_SECONDS`); a Degraded app is retried as often.
@@ -655,16 +677,77 @@ fn observe_pods(
         return None;
     }
     Some(
-        pods.state()
-            .iter()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
-            .filter(|p| p.labels().get(INSTANCE).map(String::as_str) == Some(app))
-            .filter_map(|p| {
-                let name = p.metadata.name.clone()?;
-                crate::placement::sanitize::pod_ordinal(app, &name).map(|_| (name, observe_pod(p)))
-            })
+        app_pods(pods, ns, app)
+            .filter_map(|p| Some((p.metadata.name.clone()?, observe_pod(&p))))
             .collect(),
     )
+}
+
+/// The label the StatefulSet controller gives each pod: the revision of its template.
+const REVISION: &str = "controller-revision-hash";
+
+/// The template revision each of the app's worker pods runs, from the watch cache.
+fn pod_revisions(
+    pods: &Store<Pod>,
+    ns: &str,
+    app: &str,
+) -> std::collections::BTreeMap<String, String> {
+    app_pods(pods, ns, app)
+        .filter_map(|p| Some((p.metadata.name.clone()?, p.labels().get(REVISION)?.clone())))
+        .collect()
+}
+
+/// The app's worker pods in the watch cache (only names of its StatefulSet's pods).
+fn app_pods<'a>(
+    pods: &'a Store<Pod>,
+    ns: &'a str,
+    app: &'a str,
+) -> impl Iterator<Item = Arc<Pod>> + 'a {
+    pods.state().into_iter().filter(move |p| {
+        p.metadata.namespace.as_deref() == Some(ns)
+            && p.labels().get(INSTANCE).map(String::as_str) == Some(app)
+            && p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| crate::placement::sanitize::pod_ordinal(app, n).is_some())
+    })
+}
+
+/// Delete a worker pod for the rolling update, if the cache still shows it running another
+/// revision and not terminating; the deletion is conditioned on that pod's uid, so a pod
+/// recreated meanwhile is never deleted by mistake. Returns whether it was deleted.
+async fn restart_pod(
+    ctx: &Ctx,
+    ns: &str,
+    app: &str,
+    restart: &reconcile::Restart,
+) -> Result<bool, Error> {
+    let Some(pod) = app_pods(&ctx.pods, ns, app)
+        .find(|p| p.metadata.name.as_deref() == Some(restart.pod.as_str()))
+    else {
+        return Ok(false);
+    };
+    if pod.metadata.deletion_timestamp.is_some()
+        || pod.labels().get(REVISION) == Some(&restart.revision)
+    {
+        return Ok(false);
+    }
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: pod.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .delete(&restart.pod, &params)
+        .await
+    {
+        Ok(_) => Ok(true),
+        // Gone, or replaced (the uid precondition failed): nothing to restart.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// One worker pod: terminating, starting, failing or running, by its `worker` container.
@@ -736,29 +819,29 @@ async fn publish(ctx: &Ctx, raw: &RawApp, events: &[reconcile::Event]) {
     }
 }
 
-/// What the app's own StatefulSet shows for the lifecycle events: its replicas, the revision
-/// every pod runs once a rollout is complete (as `kubectl rollout status` judges it), and the
-/// one last recorded.
+/// What the app's own StatefulSet shows for the rollout and the lifecycle events: its
+/// replicas, the revision of its current template once its controller has seen it, and the
+/// revision last recorded rolled out.
 fn own_stateful_set(s: &StatefulSet) -> reconcile::OwnStatefulSet {
     let replicas = s.spec.replicas.unwrap_or(1);
-    let rolled_out = s.status.as_ref().and_then(|st| {
+    let update_revision = s.status.as_ref().and_then(|st| {
         let current =
             st.observed_generation.is_some() && st.observed_generation >= s.metadata.generation;
-        let done = current
-            && st.update_revision.is_some()
-            && st.current_revision == st.update_revision
-            && st.updated_replicas.unwrap_or(0) >= replicas
-            && st.ready_replicas.unwrap_or(0) >= replicas;
-        done.then(|| st.update_revision.clone()).flatten()
+        current.then(|| st.update_revision.clone()).flatten()
     });
     reconcile::OwnStatefulSet {
         replicas,
-        rolled_out,
+        update_revision,
         announced: s
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(reconcile::ROLLED_OUT).cloned()),
+        draining: s
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::rollout::DRAINING).cloned()),
     }
 }
 

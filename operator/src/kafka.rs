@@ -33,6 +33,8 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Connection {
     bootstrap_servers: Option<String>,
     properties: Vec<(String, String)>,
+    /// The credentials read from Secrets (property, value), for [`Connection::digest`].
+    from_secrets: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -115,6 +117,7 @@ pub async fn connect(
     let security = client_security(&spec.kafka);
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let mut secrets: HashMap<&str, BTreeMap<String, ByteString>> = HashMap::new();
+    let mut from_secrets = Vec::new();
     let mut properties: Vec<(String, String)> = security
         .settings
         .iter()
@@ -186,6 +189,9 @@ pub async fn connect(
                 })?
             }
         };
+        if let Source::Secret(_) = source {
+            from_secrets.push((credential.property().to_string(), value.clone()));
+        }
         properties.push((credential.property().to_string(), value));
     }
     // The app's own properties win, as in the workers.
@@ -198,10 +204,38 @@ pub async fn connect(
     Ok(Connection {
         bootstrap_servers: spec.kafka.bootstrap_servers.clone(),
         properties,
+        from_secrets,
     })
 }
 
 impl Connection {
+    /// A digest of the credentials the app's Secrets hold (None: it names no Secret), for the
+    /// pod template: a rotated Secret changes it, which rolls the pods. SHA-256, salted with
+    /// `salt` (the app's uid) and cut to 128 bits: the template shows that a credential
+    /// changed, never what it is.
+    pub fn digest(&self, salt: &str) -> Option<String> {
+        if self.from_secrets.is_empty() {
+            return None;
+        }
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(b"eddy credentials v1\0");
+        ctx.update(salt.as_bytes());
+        for (property, value) in &self.from_secrets {
+            // Lengths first, so no two lists of pairs feed the same bytes.
+            for part in [property, value] {
+                ctx.update(&(part.len() as u64).to_be_bytes());
+                ctx.update(part.as_bytes());
+            }
+        }
+        let d = ctx.finish();
+        Some(
+            d.as_ref()[..16]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        )
+    }
+
     fn config(&self) -> Result<ClientConfig, String> {
         let servers = self
             .bootstrap_servers
@@ -408,11 +442,43 @@ mod tests {
         let c = Connection {
             bootstrap_servers: Some("k:9093".into()),
             properties: vec![("sasl.password".into(), "hunter2".into())],
+            from_secrets: vec![("sasl.password".into(), "hunter2".into())],
         };
         let shown = format!("{c:?}");
         assert!(
             shown.contains("sasl.password") && !shown.contains("hunter2"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn the_digest_changes_with_a_credential_and_shows_none() {
+        let c = |pairs: &[(&str, &str)]| Connection {
+            bootstrap_servers: Some("k:9093".into()),
+            properties: Vec::new(),
+            from_secrets: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let d = c(&[("sasl.password", "hunter2")]).digest("uid-1");
+        let d = d.expect("a digest");
+        assert_eq!(d.len(), 32);
+        assert!(!d.contains("hunter2"));
+        assert_eq!(
+            c(&[("sasl.password", "hunter2")])
+                .digest("uid-1")
+                .as_deref(),
+            Some(d.as_str()),
+            "stable"
+        );
+        for other in [
+            c(&[("sasl.password", "hunter3")]).digest("uid-1"),
+            c(&[("sasl.password", "hunter2")]).digest("uid-2"),
+            c(&[("sasl.passwordh", "unter2")]).digest("uid-1"),
+        ] {
+            assert_ne!(other.as_deref(), Some(d.as_str()));
+        }
+        assert_eq!(c(&[]).digest("uid-1"), None, "no Secret, no annotation");
     }
 }

@@ -1,6 +1,7 @@
 //! `eddy-operator`: reconciles `StatefulStreamApp` resources into worker StatefulSets and
 //! acts as the task assignor. [`reconcile`] is a pure function from (spec, observed objects,
-//! Kafka facts) to desired objects and status, built from [`resources`] and [`placement`];
+//! Kafka facts) to desired objects and status, built from [`resources`], [`placement`] and
+//! [`rollout`];
 //! a thin layer ([`controller`]) applies it. Apps are read leniently ([`app`]), so one that
 //! does not parse marks only itself.
 
@@ -15,3 +16,4 @@ pub mod placement;
 pub mod reconcile;
 pub mod report_clock;
 pub mod resources;
+pub mod rollout;

@@ -6,8 +6,9 @@
 pub mod problems;
 
 use crate::app::AppClaim;
-use crate::placement::{self, PodObserved};
+use crate::placement::{self, Health, PodObserved};
 use crate::resources::{self, Kind, Objects};
+use crate::rollout;
 use eddy_crds::resource::{AppStatus, Condition, Phase, StatefulStreamApp, TaskState};
 use eddy_crds::spec::ProcessingGuarantee;
 use eddy_crds::topics::{self, InternalTopic};
@@ -46,19 +47,29 @@ pub struct Observed {
     /// the operator's own clock ([`crate::report_clock`]); a pod missing here counts as just
     /// seen.
     pub report_ages: BTreeMap<String, u64>,
+    /// The pod template revision each observed pod runs (`controller-revision-hash`).
+    pub revisions: BTreeMap<String, String>,
+    /// A digest of the Kafka credentials the app's Secrets hold
+    /// ([`crate::kafka::Connection::digest`]); None when it names none.
+    pub credentials_digest: Option<String>,
 }
+
+/// Pod template annotation: [`Observed::credentials_digest`], so a rotated Secret rolls the
+/// pods (the workers read their credentials when they start).
+pub const CREDENTIALS_DIGEST: &str = "eddy.dev/credentials-digest";
 
 /// What the app's own StatefulSet shows, for the lifecycle events.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OwnStatefulSet {
     /// `spec.replicas`.
     pub replicas: i32,
-    /// The revision of the pod template every pod runs, once a rollout is complete (the
-    /// StatefulSet controller saw the current spec, every pod is updated and Ready); None
-    /// while one is under way.
-    pub rolled_out: Option<String>,
+    /// The revision of its current pod template (`status.updateRevision`), once its
+    /// controller has seen the current spec; None before.
+    pub update_revision: Option<String>,
     /// The revision the operator last saw rolled out ([`ROLLED_OUT`]).
     pub announced: Option<String>,
+    /// The pod the rollout drains ([`rollout::DRAINING`]).
+    pub draining: Option<String>,
 }
 
 /// Annotation on the StatefulSet: the revision last seen rolled out, so a `RolledOut` event is
@@ -102,6 +113,19 @@ pub struct Desired {
     /// not the app's, tasks it does not have, a forged generation), for the log; also told
     /// by a `ForgedStatusIgnored` Warning event.
     pub distrusted: Vec<String>,
+    /// Where the rolling update stands (None: the StatefulSet is not the operator's to roll).
+    pub rollout: Option<rollout::Plan>,
+    /// The worker pod the rollout restarts now: the controller deletes it, if it still runs
+    /// another revision than the one rolled out.
+    pub restart: Option<Restart>,
+}
+
+/// A worker pod to delete for a rolling update.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Restart {
+    pub pod: String,
+    /// The revision it is restarted into; a pod already running it is left alone.
+    pub revision: String,
 }
 
 impl Desired {
@@ -211,6 +235,16 @@ pub fn reconcile_with(
             None
         }
     };
+    if let (Some(o), Some(digest)) = (objects.as_mut(), &observed.credentials_digest) {
+        o.stateful_set
+            .spec
+            .template
+            .metadata
+            .get_or_insert_with(Default::default)
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(CREDENTIALS_DIGEST.to_string(), digest.clone());
+    }
 
     let me = AppClaim {
         namespace: app.metadata.namespace.clone().unwrap_or_default(),
@@ -261,6 +295,8 @@ pub fn reconcile_with(
     let mut events = Vec::new();
     let mut progress = None;
     let mut distrusted = Vec::new();
+    let mut rollout_plan = None;
+    let mut restart = None;
     // The tasks the app has, once Kafka said (reports are checked against them).
     let mut known_partitions: Option<Vec<i32>> = None;
     if problems.is_empty() {
@@ -325,6 +361,17 @@ pub fn reconcile_with(
                             });
                         }
                         let reports = placement::sanitize::reports(&name, known, &prev.workers);
+                        let previous = previous.as_ref().map(|p| &p.assignment);
+                        let health =
+                            health(app, &name, replicas, previous, &reports, observed, now);
+                        let plan = rollout::plan(&rollout_input(
+                            app,
+                            &name,
+                            observed,
+                            health.as_ref(),
+                            previous,
+                            &reports,
+                        ));
                         let placed = place(
                             app,
                             &Placing {
@@ -332,13 +379,21 @@ pub fn reconcile_with(
                                 replicas,
                                 layout: &layout,
                                 partitions: &partitions,
-                                previous: previous.as_ref().map(|p| &p.assignment),
+                                previous,
                                 reports: &reports,
+                                draining: plan.draining(),
+                                restarting: plan.restarting(),
                             },
-                            observed,
+                            health.as_ref(),
                             &prev,
-                            now,
                         );
+                        restart = rollout::restart(
+                            &plan,
+                            Some(&placed.assignment),
+                            &reports,
+                            health.as_ref(),
+                        );
+                        rollout_plan = Some(plan);
                         if let Some(o) = objects.as_mut() {
                             o.stateful_set.spec.replicas = Some(cap_replicas(
                                 placed.stateful_set_replicas,
@@ -372,11 +427,100 @@ pub fn reconcile_with(
         o.stateful_set.spec.replicas =
             Some(cap_replicas(hold, replicas, observed.stateful_set.as_ref()));
     }
-
-    let lifecycle = match objects.as_mut() {
-        Some(o) if !hold.contains(&Kind::StatefulSet) => {
-            lifecycle(&name, &mut o.stateful_set, observed.stateful_set.as_ref())
+    // No placement either: a rollout goes on without draining, so a fix of what keeps the
+    // tasks from being placed (the Kafka settings) still reaches the pods.
+    if rollout_plan.is_none() && problems.iter().all(|p| p.reason != Reason::InvalidSpec) {
+        let reports =
+            placement::sanitize::reports(&name, placement::sanitize::Tasks(None), &prev.workers);
+        let previous = prev.assignment.as_ref().map(|a| {
+            placement::sanitize::assignment(&name, placement::sanitize::Tasks(None), a).assignment
+        });
+        let health = health(
+            app,
+            &name,
+            replicas,
+            previous.as_ref(),
+            &reports,
+            observed,
+            now,
+        );
+        let plan = rollout::plan(&rollout_input(
+            app,
+            &name,
+            observed,
+            health.as_ref(),
+            None,
+            &reports,
+        ));
+        restart = rollout::restart(&plan, None, &reports, health.as_ref());
+        rollout_plan = Some(plan);
+    }
+    // Only the operator's own StatefulSet, and one it may change, is rolled.
+    if hold.contains(&Kind::StatefulSet) || observed.stateful_set.is_none() {
+        rollout_plan = None;
+        restart = None;
+    }
+    let restart = restart.and_then(|pod| {
+        let revision = rollout_plan.as_ref()?.revision.clone()?;
+        Some(Restart { pod, revision })
+    });
+    if let Some(plan) = rollout_plan.as_ref().filter(|p| p.rolling()) {
+        if let rollout::Step::Halted { pod, cause } = &plan.step {
+            problems.push(Problem::new(
+                Reason::RolloutHalted,
+                format!(
+                    "the rolling update to revision {} stopped at {pod}: it runs the new pod template and is down ({cause}); the other pods keep the old template and their tasks. See why (kubectl describe pod {pod}, its logs), then fix the spec or change it back: the rollout goes on by itself",
+                    plan.revision.as_deref().unwrap_or("?")
+                ),
+            ));
         }
+        // The rollout's step says more than the assignor's, unless a pod failed over or
+        // leaving pods drain.
+        let message = plan.message(restart.is_some(), acceptable_lag(app));
+        match progress.as_mut() {
+            Some(p)
+                if matches!(
+                    p.reason,
+                    placement::Reason::FailingOver | placement::Reason::Draining
+                ) => {}
+            Some(p) => {
+                if p.reason != placement::Reason::Stable {
+                    p.message = format!("{message}; {}", p.message);
+                } else {
+                    p.message = message;
+                }
+                p.reason = placement::Reason::RollingUpdate;
+            }
+            None => {
+                progress = Some(placement::Progress {
+                    reason: placement::Reason::RollingUpdate,
+                    message,
+                    note: None,
+                })
+            }
+        }
+    }
+
+    let rolled_out = rollout_plan.as_ref().and_then(|p| p.complete());
+    // The drain goes on from the next reconcile (rollout::DRAINING); omitted, the apply
+    // removes it.
+    if let (Some(o), Some(pod)) = (
+        objects.as_mut(),
+        rollout_plan.as_ref().and_then(|p| p.draining()),
+    ) {
+        o.stateful_set
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(rollout::DRAINING.to_string(), pod.to_string());
+    }
+    let lifecycle = match objects.as_mut() {
+        Some(o) if !hold.contains(&Kind::StatefulSet) => lifecycle(
+            &name,
+            &mut o.stateful_set,
+            observed.stateful_set.as_ref(),
+            rolled_out,
+        ),
         _ => Vec::new(),
     };
 
@@ -407,6 +551,7 @@ pub fn reconcile_with(
         progress.as_ref(),
         now,
     );
+    status.progress = progress_summary(&status, rollout_plan.as_ref());
     memory_condition(&mut status, &prev, &app.spec, app.metadata.generation, now);
     events.extend(warnings(&problems, &prev));
     Desired {
@@ -419,6 +564,65 @@ pub fn reconcile_with(
         problems,
         progress,
         distrusted,
+        rollout: rollout_plan,
+        restart,
+    }
+}
+
+/// `status.progress`, the `Progress` column of `kubectl get`: the `Progressing` condition's
+/// reason, with the pods done during a rolling update (`RollingUpdate 2/3`).
+fn progress_summary(status: &AppStatus, plan: Option<&rollout::Plan>) -> Option<String> {
+    let reason = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Progressing")
+        .map(|c| c.reason.clone())?;
+    Some(match plan {
+        Some(p) if reason == placement::Reason::RollingUpdate.as_str() => p.summary(),
+        _ => reason,
+    })
+}
+
+/// The pods' health as the assignor and the rollout judge it (None: the pods are not
+/// observed yet, all count as up).
+fn health(
+    app: &StatefulStreamApp,
+    name: &str,
+    replicas: i32,
+    previous: Option<&eddy_crds::resource::Assignment>,
+    reports: &BTreeMap<String, eddy_crds::resource::WorkerStatus>,
+    observed: &Observed,
+    now: &str,
+) -> Option<BTreeMap<String, Health>> {
+    observed.pods.as_ref().map(|pods| {
+        let names = placement::pods_to_watch(name, replicas, previous);
+        // An unreadable clock (unit tests pass labels) judges no pod late to start.
+        let now = now.parse().unwrap_or(k8s_openapi::jiff::Timestamp::MIN);
+        let fenced = app.spec.processing_guarantee == ProcessingGuarantee::ExactlyOnce;
+        placement::health::assess(&names, pods, reports, &observed.report_ages, now, fenced)
+    })
+}
+
+fn rollout_input<'a>(
+    app: &'a StatefulStreamApp,
+    name: &'a str,
+    observed: &'a Observed,
+    health: Option<&'a BTreeMap<String, Health>>,
+    assignment: Option<&'a eddy_crds::resource::Assignment>,
+    reports: &'a BTreeMap<String, eddy_crds::resource::WorkerStatus>,
+) -> rollout::Input<'a> {
+    let sts = observed.stateful_set.as_ref();
+    rollout::Input {
+        app: name,
+        replicas: app.spec.replicas.unwrap_or(1),
+        update_revision: sts.and_then(|s| s.update_revision.as_deref()),
+        rolled_out: sts.and_then(|s| s.announced.as_deref()),
+        draining: sts.and_then(|s| s.draining.as_deref()),
+        revisions: observed.pods.as_ref().map(|_| &observed.revisions),
+        health,
+        assignment,
+        reports,
+        acceptable_lag: acceptable_lag(app).max(0),
     }
 }
 
@@ -441,6 +645,7 @@ fn lifecycle(
     name: &str,
     desired: &mut StatefulSet,
     observed: Option<&OwnStatefulSet>,
+    rolled_out: Option<&str>,
 ) -> Vec<Event> {
     let normal = |reason: &str, message: String| Event {
         warning: false,
@@ -467,28 +672,27 @@ fn lifecycle(
         ));
     }
     // An app first seen by an operator that did not record rollouts yet gets no event.
-    if let (Some(done), Some(before)) = (&seen.rolled_out, &seen.announced)
+    if let (Some(done), Some(before)) = (rolled_out, &seen.announced)
         && done != before
     {
         events.push(normal(
             "RolledOut",
             format!(
-                "the new worker pod template reached every pod of StatefulSet {name} ({} pod(s) updated and Ready; revision {done})",
+                "the new worker pod template reached every pod of StatefulSet {name} ({} pod(s) restarted one at a time, each with its copies caught up; revision {done})",
                 seen.replicas
             ),
         ));
     }
-    if let Some(revision) = seen.rolled_out.as_ref().or(seen.announced.as_ref()) {
+    if let Some(revision) = rolled_out.or(seen.announced.as_deref()) {
         desired
             .metadata
             .annotations
             .get_or_insert_with(BTreeMap::new)
-            .insert(ROLLED_OUT.to_string(), revision.clone());
+            .insert(ROLLED_OUT.to_string(), revision.to_string());
     }
     events
 }
 
-/// `warmup.acceptableRecoveryLag`, defaulted.
 /// `warmup.acceptableRecoveryLag`, or its default.
 pub fn acceptable_lag(app: &StatefulStreamApp) -> i64 {
     app.spec
@@ -507,24 +711,19 @@ struct Placing<'a> {
     partitions: &'a [i32],
     previous: Option<&'a eddy_crds::resource::Assignment>,
     reports: &'a BTreeMap<String, eddy_crds::resource::WorkerStatus>,
+    /// The rollout's pods ([`rollout::Plan::draining`], [`rollout::Plan::restarting`]).
+    draining: Option<&'a str>,
+    restarting: Option<&'a str>,
 }
 
-/// Run the assignor for this app: the pods' health from what was observed and the workers'
-/// reports, and the spec's standby and warm-up settings.
+/// Run the assignor for this app: the pods' health ([`health`]), the rollout's pods and the
+/// spec's standby and warm-up settings.
 fn place(
     app: &StatefulStreamApp,
     p: &Placing,
-    observed: &Observed,
+    health: Option<&BTreeMap<String, Health>>,
     prev: &AppStatus,
-    now: &str,
 ) -> placement::Placement {
-    let health = observed.pods.as_ref().map(|pods| {
-        let names = placement::pods_to_watch(p.name, p.replicas, p.previous);
-        // An unreadable clock (unit tests pass labels) judges no pod late to start.
-        let now = now.parse().unwrap_or(k8s_openapi::jiff::Timestamp::MIN);
-        let fenced = app.spec.processing_guarantee == ProcessingGuarantee::ExactlyOnce;
-        placement::health::assess(&names, pods, p.reports, &observed.report_ages, now, fenced)
-    });
     let stateful: Vec<bool> = p.layout.iter().map(|s| !s.stores.is_empty()).collect();
     let warmup = app.spec.warmup.clone().unwrap_or_default();
     let previous_reason = prev
@@ -537,7 +736,7 @@ fn place(
         partitions: p.partitions,
         stateful: &stateful,
         replicas: p.replicas,
-        health: health.as_ref(),
+        health,
         previous: p.previous,
         reports: p.reports,
         standby_replicas: usize::try_from(app.spec.num_standby_replicas.unwrap_or(0)).unwrap_or(0),
@@ -550,6 +749,8 @@ fn place(
         .max(1),
         acceptable_lag: acceptable_lag(app).max(0),
         previous_reason,
+        draining: p.draining,
+        restarting: p.restarting,
     })
 }
 
@@ -575,6 +776,8 @@ pub fn unreadable(meta: &ObjectMeta, prev: &AppStatus, message: &str, now: &str)
         problems,
         progress: None,
         distrusted: Vec::new(),
+        rollout: None,
+        restart: None,
     }
 }
 
@@ -1402,6 +1605,117 @@ mod tests {
         );
     }
 
+    /// A changed template (revision r2 over r1): the highest pod is emptied first, restarted
+    /// once its worker let its tasks go, and a restarted pod that crash-loops halts the
+    /// rollout with a Degraded reason; `kubectl get` shows the progress.
+    #[test]
+    fn a_rollout_empties_a_pod_restarts_it_and_halts_on_a_failing_one() {
+        let facts = kafka(&[("views", 4), ("out", 4)]);
+        let started: k8s_openapi::jiff::Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
+        let now = "2026-01-01T00:01:00Z";
+        let with_reports = |d: &Desired| {
+            let mut a = app(PV);
+            let mut s = report(d, TaskState::Running, 0);
+            for w in s.workers.values_mut() {
+                w.updated = Some("2026-01-01T00:00:59Z".into());
+            }
+            a.status = Some(s);
+            a
+        };
+        let observed = |pv1: PodObserved, pv1_revision: &str| Observed {
+            pods: Some(BTreeMap::from([
+                ("pv-0".to_string(), PodObserved::Running { started }),
+                ("pv-1".to_string(), pv1),
+            ])),
+            revisions: BTreeMap::from([
+                ("pv-0".to_string(), "r1".to_string()),
+                ("pv-1".to_string(), pv1_revision.to_string()),
+            ]),
+            stateful_set: Some(OwnStatefulSet {
+                replicas: 2,
+                update_revision: Some("r2".into()),
+                announced: Some("r1".into()),
+                draining: None,
+            }),
+            ..Default::default()
+        };
+        let first = reconcile(&app(PV), &Observed::default(), &facts, "t0");
+        let running = observed(PodObserved::Running { started }, "r1");
+        let d = reconcile(&with_reports(&first), &running, &facts, now);
+        let a = d.status.assignment.as_ref().expect("assignment");
+        assert!(a.pods["pv-1"].active.is_empty(), "{a:?}");
+        assert_eq!(a.pods["pv-0"].active.len(), 8, "both sub-topologies' tasks");
+        assert_eq!(d.restart, None, "its worker still runs its tasks");
+        assert_eq!(d.status.progress.as_deref(), Some("RollingUpdate 0/2"));
+        let (reason, message) = progressing(&d);
+        assert_eq!(reason, "RollingUpdate");
+        assert!(
+            message.contains("moving pv-1's active tasks to caught-up copies"),
+            "{message}"
+        );
+        // Its worker let them go: restart it, into r2.
+        let d = reconcile(&with_reports(&d), &running, &facts, now);
+        assert_eq!(
+            d.restart,
+            Some(Restart {
+                pod: "pv-1".into(),
+                revision: "r2".into()
+            })
+        );
+        // Back on r2 and crash-looping: halted, pv-0 is not touched.
+        let failing = PodObserved::Failing {
+            reason: "CrashLoopBackOff".into(),
+        };
+        let d = reconcile(&with_reports(&d), &observed(failing, "r2"), &facts, now);
+        assert_eq!(d.restart, None);
+        let (reason, message) = degraded(&d);
+        assert_eq!(reason, "RolloutHalted");
+        assert!(
+            message.contains("stopped at pv-1: it runs the new pod template and is down (its worker container is not running: CrashLoopBackOff)"),
+            "{message}"
+        );
+        assert!(
+            Reason::RolloutHalted.owner_fixes(),
+            "a warning (EddyAppMisconfigured): the new template is the owner's"
+        );
+    }
+
+    #[test]
+    fn pods_update_on_delete_and_a_credentials_digest_reaches_the_template() {
+        let facts = kafka(&[("views", 2), ("out", 2)]);
+        let template = |observed: &Observed| {
+            let d = reconcile(&app(PV), observed, &facts, "t0");
+            let sts = d.objects.expect("objects").stateful_set;
+            let strategy = sts.spec.update_strategy.and_then(|u| u.type_);
+            assert_eq!(strategy.as_deref(), Some("OnDelete"));
+            sts.spec
+                .template
+                .metadata
+                .and_then(|m| m.annotations)
+                .and_then(|a| a.get(CREDENTIALS_DIGEST).cloned())
+        };
+        assert_eq!(
+            template(&Observed::default()),
+            None,
+            "no Secret: the template is as before (no roll on an operator upgrade)"
+        );
+        let rotated = Observed {
+            credentials_digest: Some("0123abcd".into()),
+            ..Default::default()
+        };
+        assert_eq!(template(&rotated).as_deref(), Some("0123abcd"));
+    }
+
+    fn progressing(d: &Desired) -> (String, String) {
+        let c = d
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")
+            .expect("Progressing");
+        (c.reason.clone(), c.message.clone())
+    }
+
     fn degraded(d: &Desired) -> (String, String) {
         let c = d
             .status
@@ -1507,12 +1821,13 @@ mod tests {
     #[test]
     fn creating_scaling_and_rolling_out_the_statefulset_are_normal_events_told_once() {
         let facts = kafka(&[("views", 2), ("out", 2)]);
-        let seen = |replicas, rolled_out: Option<&str>, announced: Option<&str>| Observed {
+        let seen = |replicas, announced: Option<&str>| Observed {
             ready_replicas: Some(replicas),
             stateful_set: Some(OwnStatefulSet {
                 replicas,
-                rolled_out: rolled_out.map(str::to_string),
+                update_revision: None,
                 announced: announced.map(str::to_string),
+                draining: None,
             }),
             ..Default::default()
         };
@@ -1523,10 +1838,8 @@ mod tests {
                 .map(|e| (e.reason.clone(), e.message.clone()))
                 .collect()
         };
-        let annotation = |d: &Desired| {
-            let o = d.objects.as_ref().expect("objects");
-            o.stateful_set
-                .metadata
+        let annotation = |s: &StatefulSet| {
+            s.metadata
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(ROLLED_OUT).cloned())
@@ -1542,13 +1855,8 @@ mod tests {
         );
         assert!(d.events.iter().all(|e| e.reason != "Created"));
 
-        // The first rollout seen is the creation's: recorded, not told.
-        let d = reconcile(&app(PV), &seen(2, Some("pv-1"), None), &facts, "t1");
-        assert_eq!(told(&d), []);
-        assert_eq!(annotation(&d).as_deref(), Some("pv-1"));
-
         let three = app(&PV.replace("replicas: 2", "replicas: 3"));
-        let d = reconcile(&three, &seen(2, Some("pv-1"), Some("pv-1")), &facts, "t2");
+        let d = reconcile(&three, &seen(2, Some("pv-1")), &facts, "t2");
         assert_eq!(
             told(&d),
             [(
@@ -1556,24 +1864,36 @@ mod tests {
                 "scaled StatefulSet pv from 2 to 3 worker pod(s)".to_string()
             )]
         );
+        let sts = || d.objects.as_ref().expect("objects").stateful_set.clone();
+        assert_eq!(annotation(&sts()).as_deref(), Some("pv-1"), "kept");
 
-        // A rollout under way keeps the last one recorded; once done it is told, once.
-        let d = reconcile(&app(PV), &seen(2, None, Some("pv-1")), &facts, "t3");
-        assert_eq!(told(&d), []);
-        assert_eq!(annotation(&d).as_deref(), Some("pv-1"));
-        let d = reconcile(&app(PV), &seen(2, Some("pv-2"), Some("pv-1")), &facts, "t4");
-        let events = told(&d);
+        // The rollout's end (crate::rollout decides it) is recorded; told once, except the
+        // first one seen, which is the creation's.
+        let rolled = |announced: Option<&str>, done: Option<&str>| {
+            let mut s = sts();
+            let observed = seen(3, announced).stateful_set;
+            let events = lifecycle("pv", &mut s, observed.as_ref(), done);
+            (events, annotation(&s))
+        };
+        let (events, recorded) = rolled(None, Some("pv-1"));
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(recorded.as_deref(), Some("pv-1"));
+        let (events, recorded) = rolled(Some("pv-1"), None);
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(
+            recorded.as_deref(),
+            Some("pv-1"),
+            "under way: the last one stays"
+        );
+        let (events, recorded) = rolled(Some("pv-1"), Some("pv-2"));
         assert_eq!(events.len(), 1, "{events:?}");
-        assert_eq!(events[0].0, "RolledOut");
+        assert_eq!(events[0].reason, "RolledOut");
         assert!(
-            events[0].1.contains(
-                "every pod of StatefulSet pv (2 pod(s) updated and Ready; revision pv-2)"
-            ),
+            events[0].message.contains("every pod of StatefulSet pv (3 pod(s) restarted one at a time, each with its copies caught up; revision pv-2)"),
             "{events:?}"
         );
-        assert_eq!(annotation(&d).as_deref(), Some("pv-2"));
-        let d = reconcile(&app(PV), &seen(2, Some("pv-2"), Some("pv-2")), &facts, "t5");
-        assert_eq!(told(&d), []);
+        assert_eq!(recorded.as_deref(), Some("pv-2"));
+        assert!(rolled(Some("pv-2"), Some("pv-2")).0.is_empty());
 
         // A StatefulSet held back (its name is someone else's) is neither created nor told.
         let taken = Observed {

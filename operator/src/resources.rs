@@ -12,6 +12,7 @@ use eddy_crds::spec::CleanupPolicy;
 use eddy_telemetry::logging::LogFormat;
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
@@ -618,8 +619,15 @@ fn stateful_set(
         spec: StatefulSetSpec {
             replicas: Some(spec.replicas.unwrap_or(1)),
             service_name: Some(service_name(app)),
-            // Pods start together; updates still roll one pod at a time.
+            // Pods start together.
             pod_management_policy: Some("Parallel".into()),
+            // The operator restarts each pod for a new template itself, once it has moved
+            // the pod's active tasks away (crate::rollout); a pod that is deleted or fails
+            // comes back from the new template.
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("OnDelete".into()),
+                rolling_update: None,
+            }),
             selector: LabelSelector {
                 match_labels: Some(selector_labels(app)),
                 ..Default::default()

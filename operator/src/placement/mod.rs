@@ -55,6 +55,13 @@ pub struct Input<'a> {
     pub acceptable_lag: i64,
     /// The `Progressing` reason of the last reconcile (a scale-out stays one until done).
     pub previous_reason: Option<Reason>,
+    /// The pod a rolling update is about to restart ([`crate::rollout`]): its actives go to
+    /// caught-up copies on other pods and it gets none, as a leaving pod's.
+    pub draining: Option<&'a str>,
+    /// The pod a rolling update restarts: its standbys and warm-ups stay assigned to it
+    /// while it is away (its volume keeps their state, so it resumes them from a tail) instead
+    /// of moving to pods that would restore them in full.
+    pub restarting: Option<&'a str>,
 }
 
 /// What the assignor is doing, for the `Progressing` condition.
@@ -69,6 +76,9 @@ pub enum Reason {
     WarmingUp,
     /// A pod is down; its tasks were moved to the others.
     FailingOver,
+    /// A changed pod template reaches the pods one at a time, each emptied of its active
+    /// tasks before it restarts ([`crate::rollout`]; set by the reconcile, not by [`place`]).
+    RollingUpdate,
 }
 
 impl Reason {
@@ -79,6 +89,7 @@ impl Reason {
             Reason::Draining => "Draining",
             Reason::WarmingUp => "WarmingUp",
             Reason::FailingOver => "FailingOver",
+            Reason::RollingUpdate => "RollingUpdate",
         }
     }
 
@@ -89,6 +100,7 @@ impl Reason {
             Reason::Draining,
             Reason::WarmingUp,
             Reason::FailingOver,
+            Reason::RollingUpdate,
         ]
         .into_iter()
         .find(|r| r.as_str() == s)
@@ -255,6 +267,14 @@ pub fn place(input: &Input) -> Placement {
         .map(|i| pod_name(input.app, i))
         .filter(|p| up(p))
         .collect();
+    let draining = |p: &str| input.draining == Some(p);
+    // The pods that may take active tasks: a pod the rollout drains takes none.
+    let takers: Vec<String> = staying.iter().filter(|p| !draining(p)).cloned().collect();
+    // The pods that may hold standbys: also the one the rollout restarts, while it is away.
+    let holders: Vec<String> = (0..input.replicas)
+        .map(|i| pod_name(input.app, i))
+        .filter(|p| up(p) || input.restarting == Some(p.as_str()))
+        .collect();
     // Workers that predate warm-ups report no lag at all (a newer one reports 0 for each
     // running active): with them, tasks move at once as they always did.
     let legacy = !input
@@ -262,8 +282,11 @@ pub fn place(input: &Input) -> Placement {
         .values()
         .flat_map(|w| w.tasks.values())
         .any(|t| t.lag.is_some());
+    // Only a report of the pod's current container counts (Up): a restarted pod's previous
+    // report still names the copies it had, which its new container (its volume lost, say)
+    // may not have at all.
     let lag = |p: &str, t: TaskId| -> Option<i64> {
-        if !up(p) {
+        if health(p) != Health::Up {
             return None;
         }
         input.reports.get(p)?.tasks.get(&t.to_string())?.lag
@@ -299,7 +322,7 @@ pub fn place(input: &Input) -> Placement {
     for t in &all {
         if let Some(o) = prev_owner.get(t) {
             match health(o) {
-                Health::Down(cause) if !staying.is_empty() => failed.push((*t, o.clone(), cause)),
+                Health::Down(cause) if !takers.is_empty() => failed.push((*t, o.clone(), cause)),
                 _ => {
                     owner.insert(*t, o.clone());
                 }
@@ -316,7 +339,7 @@ pub fn place(input: &Input) -> Placement {
         })
         .cloned()
         .collect();
-    let mut load: BTreeMap<String, usize> = staying.iter().map(|p| (p.clone(), 0)).collect();
+    let mut load: BTreeMap<String, usize> = takers.iter().map(|p| (p.clone(), 0)).collect();
     for o in owner.values() {
         if let Some(n) = load.get_mut(o) {
             *n += 1;
@@ -324,7 +347,7 @@ pub fn place(input: &Input) -> Placement {
     }
     let mut moves = Vec::new();
     for (t, from, cause) in failed {
-        let to = staying
+        let to = takers
             .iter()
             .min_by_key(|p| {
                 (
@@ -362,7 +385,7 @@ pub fn place(input: &Input) -> Placement {
         }
         None => i64::MAX,
     };
-    let ideal = active::ideal(&all, &owner, &staying, rank);
+    let ideal = active::ideal(&all, &owner, &takers, rank);
     let mut pending: Vec<(TaskId, String)> = Vec::new();
     for t in &all {
         let Some(target) = ideal.get(t) else { continue };
@@ -384,10 +407,10 @@ pub fn place(input: &Input) -> Placement {
                 .filter(|l| *l <= acceptable)
                 .map(|lag| Why::CaughtUp { lag })
         };
-        // A leaving pod's task goes at once to any staying pod with a caught-up copy.
+        // A leaving or draining pod's task goes at once to any pod with a caught-up copy.
         let (to, why) = match why {
             Some(why) => (target.clone(), Some(why)),
-            None if leaving(&from) => staying
+            None if leaving(&from) || draining(&from) => takers
                 .iter()
                 .filter_map(|p| lag(p, *t).filter(|l| *l <= acceptable).map(|l| (p, l)))
                 .min_by_key(|(p, l)| (*l, by_ordinal(p)))
@@ -414,7 +437,7 @@ pub fn place(input: &Input) -> Placement {
     let standbys = standby::place(
         &stateful_tasks,
         &owner,
-        &staying,
+        &holders,
         input.standby_replicas,
         &prev_standbys,
         lag,

@@ -47,6 +47,8 @@ impl Sim {
             max_warmups: self.max_warmups,
             acceptable_lag: self.acceptable,
             previous_reason: self.reason,
+            draining: None,
+            restarting: None,
         });
         check(&p.assignment, self);
         self.assignment = Some(p.assignment.clone());
@@ -952,6 +954,8 @@ fn scaled_to_zero_runs_nothing() {
         max_warmups: 2,
         acceptable_lag: 10_000,
         previous_reason: None,
+        draining: None,
+        restarting: None,
     });
     assert!(p.assignment.pods.is_empty());
     assert_eq!(p.stateful_set_replicas, 0);
@@ -1044,4 +1048,44 @@ fn more_standbys_than_other_pods_places_as_many_as_fit_and_says_so() {
     sim.settle();
     assert!(sim.a().pods.values().all(|p| p.standby.is_empty()));
     assert_eq!(loads(sim.a())["a-0"], 4);
+}
+
+/// A pod back with a new container (its volume lost, say) has not reported yet: the report of
+/// its previous container, which still names its old tasks as caught up, brings it nothing
+/// back. Its copies count once its new worker reports them caught up.
+#[test]
+fn a_returning_pods_old_report_does_not_bring_its_tasks_back() {
+    let mut sim = Sim::new(&[6], 3);
+    sim.standbys = 1;
+    sim.settle();
+    let held = sim.a().pods["a-1"].active.clone();
+    let stale = sim.reports["a-1"].clone();
+    sim.set_down("a-1", DownCause::Gone);
+    sim.step();
+    sim.report(|_, _| 0);
+    // The status keeps the old report of a-1 while the assignment names it.
+    sim.reports.insert("a-1".into(), stale.clone());
+    sim.health
+        .as_mut()
+        .expect("health")
+        .insert("a-1".into(), Health::Starting);
+    for _ in 0..3 {
+        let p = sim.step();
+        assert!(
+            p.assignment.pods["a-1"].active.is_empty(),
+            "{:?}",
+            p.assignment
+        );
+        assert!(p.moves.is_empty(), "{:?}", p.moves);
+        sim.report(|_, _| 0);
+        sim.reports.insert("a-1".into(), stale.clone());
+    }
+    // Its new worker reports: its copies lag, nothing moves yet; then they catch up.
+    sim.set_up("a-1");
+    sim.report(|pod, _| if pod == "a-1" { 50_000 } else { 0 });
+    let p = sim.step();
+    assert!(p.assignment.pods["a-1"].active.is_empty());
+    assert!(!held.is_empty());
+    sim.settle();
+    balanced(sim.a(), 3);
 }

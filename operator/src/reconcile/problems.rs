@@ -36,6 +36,9 @@ pub enum Reason {
     InternalTopicMismatch,
     /// A table and the stream joining it have different partition counts.
     NotCopartitioned,
+    /// A pod restarted by a rolling update is down on the new pod template: the rollout
+    /// stopped there ([`crate::rollout`]).
+    RolloutHalted,
 }
 
 impl Reason {
@@ -54,6 +57,7 @@ impl Reason {
             Reason::SourceTopicMissing => "SourceTopicMissing",
             Reason::InternalTopicMismatch => "InternalTopicMismatch",
             Reason::NotCopartitioned => "NotCopartitioned",
+            Reason::RolloutHalted => "RolloutHalted",
         }
     }
 
@@ -71,7 +75,7 @@ impl Reason {
         )
     }
 
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 14] = [
         Reason::InvalidSpec,
         Reason::ApplicationIdConflict,
         Reason::NameConflict,
@@ -85,6 +89,7 @@ impl Reason {
         Reason::SourceTopicMissing,
         Reason::InternalTopicMismatch,
         Reason::NotCopartitioned,
+        Reason::RolloutHalted,
     ];
 }
 
