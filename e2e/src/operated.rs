@@ -287,6 +287,11 @@ impl Operated {
         self.dir.path().join("node/pods").join(ns).join(pod)
     }
 
+    /// The directory the pod runner keeps a PersistentVolumeClaim's data in.
+    pub fn volume_dir(&self, ns: &str, claim: &str) -> PathBuf {
+        self.dir.path().join("node/pvcs").join(ns).join(claim)
+    }
+
     /// The pid of a running worker pod's process (the pod runner writes it into the pod's
     /// directory), to freeze it with SIGSTOP as a hung node would be.
     pub fn worker_pid(&self, ns: &str, pod: &str) -> Result<i32> {

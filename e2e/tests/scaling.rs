@@ -266,6 +266,21 @@ fn a_deleted_pods_tasks_resume_on_their_standbys_from_a_tail() -> Result<()> {
         );
     }
 
+    // Its volume is lost with it (a new node's empty disk): the pod that comes back under its
+    // name has no state. The report its previous container left in the status still names
+    // its old tasks as caught up; it must not bring them back before the new pod's copies
+    // caught up (else their partitions stop while it restores in full).
+    wait_until(WAIT, || {
+        Ok(env
+            .get(ns, &format!("pod/{victim}"), "{.metadata.uid}")
+            .is_empty())
+    })?;
+    let volume = env.volume_dir(ns, &format!("state-{victim}"));
+    if volume.exists() {
+        std::fs::remove_dir_all(&volume)?;
+    }
+    std::fs::create_dir_all(&volume)?;
+
     // The deleted pod comes back (the StatefulSet is touched so its controller retries the
     // create now rather than after its backoff) and the app settles; nothing was counted twice
     // or lost.
@@ -283,6 +298,22 @@ fn a_deleted_pods_tasks_resume_on_their_standbys_from_a_tail() -> Result<()> {
         None,
     )?;
     env.wait_settled(ns, "sb", 3)?;
+    // The tasks it runs again came to it as caught-up copies: as actives it restored tails.
+    let (_, s) = env.app_status(ns, "sb")?;
+    let back = s
+        .assignment
+        .as_ref()
+        .and_then(|a| a.pods.get(victim))
+        .map(|t| t.active.clone())
+        .unwrap_or_default();
+    ensure!(!back.is_empty(), "{victim} got no task back");
+    for task in &back {
+        let n = restored(env, ns, victim, task)?;
+        ensure!(
+            n < 2000.0,
+            "{victim}, back with an empty volume, restored {n} records of {task} as its active: the task moved to it before its copy caught up"
+        );
+    }
     let sent = load.stop()?;
     wait_until(WAIT, || {
         let last = i64_values_by_key(&output)?;
@@ -602,7 +633,6 @@ fn a_rolling_update_moves_each_pods_tasks_before_it_restarts_the_pod() -> Result
         .map(|(app, _, _)| pods_of(env, ns, app))
         .collect::<Result<_>>()?;
     let t0 = since(epoch);
-    let wall0 = k8s_openapi::jiff::Timestamp::now();
     env.apply(ns, &spec(250)?)?;
 
     // Until both apps settled on the new template: when each pod was away (its old one
@@ -672,20 +702,6 @@ fn a_rolling_update_moves_each_pods_tasks_before_it_restarts_the_pod() -> Result
             gaps.join(", "),
             away[i]
         );
-        let timeline = env.kubectl(
-            &[
-                "-n",
-                ns,
-                "get",
-                "events",
-                "--field-selector",
-                &format!("involvedObject.name={app}"),
-                "-o",
-                "jsonpath={range .items[*]}{.metadata.creationTimestamp} {.reason}: {.message}{\"\\n\"}{end}",
-            ],
-            None,
-        )?;
-        eprintln!("{app}: the rollout began at {wall0}; events:\n{timeline}");
         for (pod, from, to) in &away[i] {
             let to = to.unwrap_or(t1);
             if to - from < 1.5 {
@@ -749,6 +765,94 @@ fn a_rolling_update_moves_each_pods_tasks_before_it_restarts_the_pod() -> Result
             )
         })?;
     }
+    env.delete_apps(ns)?;
+    Ok(())
+}
+
+/// A change that would drop a store's state is held, with the condition saying what would be
+/// lost and how to accept it; the workers keep the running spec. Accepting the generation
+/// applies it; a change that loses nothing rolls without a word.
+#[test]
+fn a_lossy_change_is_held_until_accepted_and_a_safe_one_rolls() -> Result<()> {
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let (input, output) = (space.topic("gate-in", 2)?, space.topic("gate-out", 2)?);
+    produce(&input, &[(Some(b"k".to_vec()), Some(b"{}".to_vec()))])?;
+    let app = |store: &str, commit: u32| -> Result<String> {
+        let steps =
+            format!("    - count: {{store: {store}}}\n    - to: {{topic: {output}, value: i64}}\n");
+        app_with(
+            "gate",
+            2,
+            &input,
+            &steps,
+            &format!("  commitIntervalMs: {commit}\n"),
+        )
+    };
+    let app_file = || env.get(ns, "configmap/gate-app", "{.data.app\\.yaml}");
+    let revision = || env.get(ns, "statefulset/gate", "{.status.updateRevision}");
+    env.apply(ns, &app("counts", 200)?)?;
+    env.wait_settled(ns, "gate", 2)?;
+    let before = revision();
+    // As an operator before rollouts left it: a RollingUpdate strategy, defaulted fields and
+    // all. The operator switches it to OnDelete (server-side apply alone would be refused).
+    let strategy = || env.get(ns, "statefulset/gate", "{.spec.updateStrategy}");
+    env.kubectl(
+        &[
+            "-n",
+            ns,
+            "patch",
+            "statefulset",
+            "gate",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"updateStrategy":{"type":"RollingUpdate","rollingUpdate":{"partition":0}}}}"#,
+        ],
+        None,
+    )?;
+    wait_until(WAIT, || Ok(strategy() == r#"{"type":"OnDelete"}"#))
+        .with_context(|| format!("strategy {}\n{}", strategy(), env.logs()))?;
+    ensure!(revision() == before, "the switch restarted the pods");
+
+    env.apply(ns, &app("totals", 200)?)?;
+    let message = env.wait_degraded(ns, "gate", "ChangeLosesData")?;
+    ensure!(
+        message.contains("store counts") && message.contains("its state is dropped"),
+        "{message}"
+    );
+    let generation = env.get(ns, "ssapp/gate", "{.metadata.generation}");
+    let accept = format!("eddy.dev/accept-data-loss={generation}");
+    ensure!(message.contains(&accept), "{message}");
+    ensure!(
+        app_file().contains("store: counts") && revision() == before,
+        "the held change reached the workers:\n{}",
+        app_file()
+    );
+    env.kubectl(
+        &[
+            "-n",
+            ns,
+            "annotate",
+            "ssapp",
+            "gate",
+            &accept,
+            "--overwrite",
+        ],
+        None,
+    )?;
+    wait_until(WAIT, || Ok(app_file().contains("store: totals"))).with_context(|| env.logs())?;
+    env.wait_settled(ns, "gate", 2)?;
+    ensure!(env.degraded(ns, "gate").0 == "False");
+    let accepted = revision();
+    ensure!(accepted != before);
+
+    // A change that loses nothing is applied at once.
+    env.apply(ns, &app("totals", 300)?)?;
+    wait_until(WAIT, || Ok(app_file().contains("commitIntervalMs: 300")))
+        .with_context(|| env.logs())?;
+    env.wait_settled(ns, "gate", 2)?;
+    ensure!(env.degraded(ns, "gate").0 == "False" && revision() != accepted);
     env.delete_apps(ns)?;
     Ok(())
 }

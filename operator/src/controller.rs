@@ -540,7 +540,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
             Err(e) => KafkaFacts::CredentialsMissing(e.to_string()),
         }
     };
-    let (sts, held, facts) = futures::future::join3(
+    let (sts, held, facts, config) = futures::future::join4(
         Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns).get_opt(&name),
         futures::future::try_join_all(
             others
@@ -548,6 +548,8 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
                 .map(|(kind, object)| held_by_other(ctx, &ns, *kind, object, &name, &uid)),
         ),
         kafka_facts,
+        Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&resources::config_map_name(&app)),
     )
     .await;
     let mut observed = Observed {
@@ -555,6 +557,9 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         pods: observe_pods(&ctx.pods, &ns, &name),
         revisions: pod_revisions(&ctx.pods, &ns, &name),
         credentials_digest: conn.as_ref().ok().and_then(|c| c.digest(&uid)),
+        running: config?
+            .filter(|c| controlled_by(&c.metadata, &uid))
+            .and_then(|c| running_spec(&c)),
         report_ages: ctx
             .report_clock
             .ages(&uid, &prev.workers, std::time::Instant::now()),
@@ -635,8 +640,13 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         && restart_pod(ctx, &ns, &name, restart).await?
     {
         tracing::info!(app = %raw.id(), pod = %restart.pod, revision = %restart.revision, "rolling update: restarted the pod");
+        let held = if restart.drained {
+            "it held no active task"
+        } else {
+            "it restarts with its tasks (no other pod could take them)"
+        };
         let message = format!(
-            "deleted pod {} for the rolling update to revision {}: it held no active task; the StatefulSet recreates it from the new template on its volume",
+            "evicted pod {} for the rolling update to revision {}: {held}; the StatefulSet recreates it from the new template on its volume",
             restart.pod, restart.revision
         );
         publish(
@@ -683,6 +693,14 @@ fn observe_pods(
     )
 }
 
+/// The spec in the app's own ConfigMap: what its workers run (None if it cannot be read,
+/// e.g. written by an operator that wrote it otherwise: nothing is then held).
+fn running_spec(c: &ConfigMap) -> Option<eddy_crds::AppSpec> {
+    let file = c.data.as_ref()?.get("app.yaml")?;
+    let doc: serde_yaml::Value = serde_yaml::from_str(file).ok()?;
+    serde_yaml::from_value(doc.get("spec")?.clone()).ok()
+}
+
 /// The label the StatefulSet controller gives each pod: the revision of its template.
 const REVISION: &str = "controller-revision-hash";
 
@@ -713,9 +731,11 @@ fn app_pods<'a>(
     })
 }
 
-/// Delete a worker pod for the rolling update, if the cache still shows it running another
-/// revision and not terminating; the deletion is conditioned on that pod's uid, so a pod
-/// recreated meanwhile is never deleted by mistake. Returns whether it was deleted.
+/// Evict a worker pod for the rolling update, if the cache still shows it running another
+/// revision and not terminating. An eviction honours the app's PodDisruptionBudget: while
+/// another of its pods is disrupted (a node drain, say) it is refused and retried on a later
+/// reconcile. It is conditioned on that pod's uid, so a pod recreated meanwhile is never
+/// removed by mistake. Returns whether it was evicted.
 async fn restart_pod(
     ctx: &Ctx,
     ns: &str,
@@ -732,20 +752,27 @@ async fn restart_pod(
     {
         return Ok(false);
     }
-    let params = kube::api::DeleteParams {
-        preconditions: Some(kube::api::Preconditions {
-            uid: pod.metadata.uid.clone(),
-            resource_version: None,
+    let params = kube::api::EvictParams {
+        delete_options: Some(kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
         }),
         ..Default::default()
     };
     match Api::<Pod>::namespaced(ctx.client.clone(), ns)
-        .delete(&restart.pod, &params)
+        .evict(&restart.pod, &params)
         .await
     {
         Ok(_) => Ok(true),
-        // Gone, or replaced (the uid precondition failed): nothing to restart.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+        // Gone, replaced (the uid precondition failed), or the PodDisruptionBudget allows
+        // no disruption now (429): tried again on a later reconcile.
+        Err(kube::Error::Api(e)) if [404, 409, 429].contains(&e.code) => {
+            tracing::info!(pod = %restart.pod, ns, "rolling update: the pod was not evicted now: {}", e.message);
+            Ok(false)
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -842,7 +869,36 @@ fn own_stateful_set(s: &StatefulSet) -> reconcile::OwnStatefulSet {
             .annotations
             .as_ref()
             .and_then(|a| a.get(crate::rollout::DRAINING).cloned()),
+        restarted: s
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::rollout::RESTARTED))
+            .and_then(|v| {
+                let (pod, at) = v.rsplit_once('@')?;
+                Some((pod.to_string(), at.parse().ok()?))
+            }),
     }
+}
+
+/// A StatefulSet made by an operator before rollouts: its `updateStrategy` was defaulted to
+/// `RollingUpdate` with a `rollingUpdate` no field manager owns, which server-side apply
+/// would keep beside `OnDelete` (and the API server refuses the pair). A merge patch clears
+/// it first; pods are not restarted by a change of strategy.
+async fn switch_to_on_delete(ctx: &Ctx, ns: &str, sts: &StatefulSet) -> Result<(), Error> {
+    let strategy = sts.spec.update_strategy.as_ref();
+    if strategy.and_then(|u| u.type_.as_deref()) == Some("OnDelete") {
+        return Ok(());
+    }
+    let name = sts.metadata.name.clone().unwrap_or_default();
+    let patch = serde_json::json!({
+        "spec": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": null}}
+    });
+    Api::<StatefulSet>::namespaced(ctx.client.clone(), ns)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    tracing::info!(ns, statefulset = %name, "switched the StatefulSet's updateStrategy to OnDelete: the operator rolls its pods");
+    Ok(())
 }
 
 /// Server-side apply each object not held back, the StatefulSet last and only when the
@@ -864,6 +920,11 @@ async fn apply_objects(
             || (m.kind == Kind::StatefulSet && refused.iter().any(|k| k.needed_by_workers()))
         {
             continue;
+        }
+        if m.kind == Kind::StatefulSet
+            && let Some(live) = own_sts
+        {
+            switch_to_on_delete(ctx, ns, live).await?;
         }
         let api: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), ns, &api_resource(m.kind));

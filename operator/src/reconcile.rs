@@ -3,6 +3,7 @@
 //! the status to write. No I/O here: `controller.rs` gathers the inputs and applies the result.
 //! What stops an app is a list of [`problems::Problem`]s; they make the `Degraded` condition.
 
+pub mod gate;
 pub mod problems;
 
 use crate::app::AppClaim;
@@ -52,6 +53,8 @@ pub struct Observed {
     /// A digest of the Kafka credentials the app's Secrets hold
     /// ([`crate::kafka::Connection::digest`]); None when it names none.
     pub credentials_digest: Option<String>,
+    /// The spec the workers run: the app file in the app's own ConfigMap ([`gate`]).
+    pub running: Option<eddy_crds::AppSpec>,
 }
 
 /// Pod template annotation: [`Observed::credentials_digest`], so a rotated Secret rolls the
@@ -70,6 +73,8 @@ pub struct OwnStatefulSet {
     pub announced: Option<String>,
     /// The pod the rollout drains ([`rollout::DRAINING`]).
     pub draining: Option<String>,
+    /// The pod the rollout last restarted, and when ([`rollout::RESTARTED`]).
+    pub restarted: Option<(String, k8s_openapi::jiff::Timestamp)>,
 }
 
 /// Annotation on the StatefulSet: the revision last seen rolled out, so a `RolledOut` event is
@@ -120,21 +125,26 @@ pub struct Desired {
     pub restart: Option<Restart>,
 }
 
-/// A worker pod to delete for a rolling update.
+/// A worker pod to evict for a rolling update.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Restart {
     pub pod: String,
     /// The revision it is restarted into; a pod already running it is left alone.
     pub revision: String,
+    /// Whether its active tasks were moved away first (else it restarts with them).
+    pub drained: bool,
 }
 
 impl Desired {
     /// Whether something is in flight that the next reconcile should look at soon: moves
     /// waiting for a catch-up, a drain, a failed-over pod.
     pub fn in_flight(&self) -> bool {
-        self.progress
-            .as_ref()
-            .is_some_and(|p| p.reason != placement::Reason::Stable)
+        let halted = self.rollout.as_ref().is_some_and(rollout::Plan::halted);
+        !halted
+            && self
+                .progress
+                .as_ref()
+                .is_some_and(|p| p.reason != placement::Reason::Stable)
     }
 
     /// Problems found while carrying the decision out (the API server refused an object):
@@ -187,6 +197,20 @@ pub fn reconcile_with(
     now: &str,
     workers: &resources::WorkerSettings,
 ) -> Desired {
+    // A valid change that would lose data waits for its acceptance: until then the app is
+    // built from the spec its workers run.
+    let gated = match eddy_crds::manifest::validate(&app.spec, "spec.") {
+        Ok(()) => gate::check(app, observed.running.as_ref()),
+        Err(_) => gate::Gate::Open,
+    };
+    let held;
+    let (app, held_change) = match &gated {
+        gate::Gate::Held { changes, running } => {
+            held = gate::held_app(app, running);
+            (&held, Some(gate::message(app, changes)))
+        }
+        _ => (app, None),
+    };
     let name = resources::name(app);
     let prev = app.status.clone().unwrap_or_default();
     let replicas = app.spec.replicas.unwrap_or(1);
@@ -371,6 +395,7 @@ pub fn reconcile_with(
                             health.as_ref(),
                             previous,
                             &reports,
+                            now,
                         ));
                         let placed = place(
                             app,
@@ -427,8 +452,7 @@ pub fn reconcile_with(
         o.stateful_set.spec.replicas =
             Some(cap_replicas(hold, replicas, observed.stateful_set.as_ref()));
     }
-    // No placement either: a rollout goes on without draining, so a fix of what keeps the
-    // tasks from being placed (the Kafka settings) still reaches the pods.
+    // No placement: the rollout is shown, waiting; nothing restarts (no pod can be emptied).
     if rollout_plan.is_none() && problems.iter().all(|p| p.reason != Reason::InvalidSpec) {
         let reports =
             placement::sanitize::reports(&name, placement::sanitize::Tasks(None), &prev.workers);
@@ -444,16 +468,15 @@ pub fn reconcile_with(
             observed,
             now,
         );
-        let plan = rollout::plan(&rollout_input(
+        rollout_plan = Some(rollout::plan(&rollout_input(
             app,
             &name,
             observed,
             health.as_ref(),
             None,
             &reports,
-        ));
-        restart = rollout::restart(&plan, None, &reports, health.as_ref());
-        rollout_plan = Some(plan);
+            now,
+        )));
     }
     // Only the operator's own StatefulSet, and one it may change, is rolled.
     if hold.contains(&Kind::StatefulSet) || observed.stateful_set.is_none() {
@@ -461,15 +484,21 @@ pub fn reconcile_with(
         restart = None;
     }
     let restart = restart.and_then(|pod| {
-        let revision = rollout_plan.as_ref()?.revision.clone()?;
-        Some(Restart { pod, revision })
+        let plan = rollout_plan.as_ref()?;
+        let drained = plan.draining() == Some(pod.as_str());
+        let revision = plan.revision.clone()?;
+        Some(Restart {
+            pod,
+            revision,
+            drained,
+        })
     });
     if let Some(plan) = rollout_plan.as_ref().filter(|p| p.rolling()) {
-        if let rollout::Step::Halted { pod, cause } = &plan.step {
+        if let rollout::Step::Halted { pod, why, .. } = &plan.step {
             problems.push(Problem::new(
                 Reason::RolloutHalted,
                 format!(
-                    "the rolling update to revision {} stopped at {pod}: it runs the new pod template and is down ({cause}); the other pods keep the old template and their tasks. See why (kubectl describe pod {pod}, its logs), then fix the spec or change it back: the rollout goes on by itself",
+                    "the rolling update to revision {} stopped at {pod}: {why}; the other pods keep the old template and their tasks. See why (kubectl describe pod {pod}, its logs), then fix the spec or change it back: the rollout goes on by itself",
                     plan.revision.as_deref().unwrap_or("?")
                 ),
             ));
@@ -502,17 +531,34 @@ pub fn reconcile_with(
     }
 
     let rolled_out = rollout_plan.as_ref().and_then(|p| p.complete());
-    // The drain goes on from the next reconcile (rollout::DRAINING); omitted, the apply
-    // removes it.
-    if let (Some(o), Some(pod)) = (
-        objects.as_mut(),
-        rollout_plan.as_ref().and_then(|p| p.draining()),
-    ) {
-        o.stateful_set
+    // What the next reconcile goes on from (omitted, the apply removes it): the pod drained
+    // (rollout::DRAINING), and the pod restarted and when (rollout::RESTARTED), kept while
+    // the rollout waits for that pod.
+    if let Some(o) = objects.as_mut() {
+        let sts = observed.stateful_set.as_ref();
+        let draining = rollout_plan.as_ref().and_then(|p| p.draining());
+        let restarted = match (&restart, sts.and_then(|s| s.restarted.as_ref())) {
+            (Some(r), _) => Some(format!("{}@{now}", r.pod)),
+            (None, Some((pod, at)))
+                if rollout_plan.as_ref().and_then(|p| p.restarting()) == Some(pod.as_str()) =>
+            {
+                Some(format!("{pod}@{at}"))
+            }
+            _ => None,
+        };
+        let annotations = o
+            .stateful_set
             .metadata
             .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .insert(rollout::DRAINING.to_string(), pod.to_string());
+            .get_or_insert_with(BTreeMap::new);
+        for (key, value) in [
+            (rollout::DRAINING, draining.map(str::to_string)),
+            (rollout::RESTARTED, restarted),
+        ] {
+            if let Some(v) = value {
+                annotations.insert(key.to_string(), v);
+            }
+        }
     }
     let lifecycle = match objects.as_mut() {
         Some(o) if !hold.contains(&Kind::StatefulSet) => lifecycle(
@@ -541,6 +587,10 @@ pub fn reconcile_with(
         &status.workers,
     );
     status.backlog = placement::sanitize::backlog(&reports);
+    // After the placement: a held change must not stop failover and scaling.
+    if let Some(message) = held_change {
+        problems.push(Problem::new(Reason::ChangeLosesData, message));
+    }
     problems.extend(problems::from_workers(&reports));
 
     conclude(
@@ -610,14 +660,21 @@ fn rollout_input<'a>(
     health: Option<&'a BTreeMap<String, Health>>,
     assignment: Option<&'a eddy_crds::resource::Assignment>,
     reports: &'a BTreeMap<String, eddy_crds::resource::WorkerStatus>,
+    now: &str,
 ) -> rollout::Input<'a> {
     let sts = observed.stateful_set.as_ref();
+    let now: Option<k8s_openapi::jiff::Timestamp> = now.parse().ok();
+    let restarted = sts.and_then(|s| s.restarted.as_ref()).map(|(pod, at)| {
+        let secs = now.map_or(0, |n| n.as_second().saturating_sub(at.as_second()));
+        (pod.as_str(), u64::try_from(secs).unwrap_or(0))
+    });
     rollout::Input {
         app: name,
         replicas: app.spec.replicas.unwrap_or(1),
         update_revision: sts.and_then(|s| s.update_revision.as_deref()),
         rolled_out: sts.and_then(|s| s.announced.as_deref()),
         draining: sts.and_then(|s| s.draining.as_deref()),
+        restarted,
         revisions: observed.pods.as_ref().map(|_| &observed.revisions),
         health,
         assignment,
@@ -1636,6 +1693,7 @@ mod tests {
                 update_revision: Some("r2".into()),
                 announced: Some("r1".into()),
                 draining: None,
+                restarted: None,
             }),
             ..Default::default()
         };
@@ -1659,7 +1717,8 @@ mod tests {
             d.restart,
             Some(Restart {
                 pod: "pv-1".into(),
-                revision: "r2".into()
+                revision: "r2".into(),
+                drained: true,
             })
         );
         // Back on r2 and crash-looping: halted, pv-0 is not touched.
@@ -1678,6 +1737,50 @@ mod tests {
             Reason::RolloutHalted.owner_fixes(),
             "a warning (EddyAppMisconfigured): the new template is the owner's"
         );
+    }
+
+    /// A new spec that drops a store is held: the objects are built from the running spec
+    /// (with the new replicas), tasks are still placed, and the app says how to accept it.
+    #[test]
+    fn a_change_that_drops_a_store_keeps_the_running_spec_until_accepted() {
+        let facts = kafka(&[("views", 2), ("out", 2)]);
+        let running = app(PV).spec;
+        let renamed = || {
+            let mut a = app(&PV
+                .replace("store: c", "store: d")
+                .replace("replicas: 2", "replicas: 3"));
+            a.metadata.generation = Some(4);
+            a
+        };
+        let observed = Observed {
+            running: Some(running.clone()),
+            ..Default::default()
+        };
+        let app_file = |d: &Desired| {
+            d.objects
+                .as_ref()
+                .expect("objects")
+                .config_map
+                .data
+                .as_ref()
+                .expect("data")["app.yaml"]
+                .clone()
+        };
+        let d = reconcile(&renamed(), &observed, &facts, "t0");
+        let (reason, message) = degraded(&d);
+        assert_eq!(reason, "ChangeLosesData");
+        assert!(message.contains("store c"), "{message}");
+        assert!(message.contains("eddy.dev/accept-data-loss=4"), "{message}");
+        assert!(app_file(&d).contains("store: c"), "{}", app_file(&d));
+        let sts = &d.objects.as_ref().expect("objects").stateful_set;
+        assert_eq!(sts.spec.replicas, Some(3), "the new replicas still apply");
+        assert!(d.status.assignment.is_some(), "tasks are still placed");
+        // Accepted for generation 4: applied.
+        let mut accepted = renamed();
+        accepted.metadata.annotations = Some([(gate::ACCEPT.to_string(), "4".to_string())].into());
+        let d = reconcile(&accepted, &observed, &facts, "t1");
+        assert!(d.problems.is_empty(), "{:?}", d.problems);
+        assert!(app_file(&d).contains("store: d"));
     }
 
     #[test]
@@ -1828,6 +1931,7 @@ mod tests {
                 update_revision: None,
                 announced: announced.map(str::to_string),
                 draining: None,
+                restarted: None,
             }),
             ..Default::default()
         };

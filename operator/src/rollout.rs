@@ -17,9 +17,10 @@
 //! outdated again and the rollout goes on with the new one, one pod at a time.
 //!
 //! With no other pod up to take the tasks (one replica), the pod restarts with them: their
-//! partitions stop until it has restored. When the tasks cannot be placed (the operator cannot
-//! reach Kafka) nothing can be drained either: each pod restarts as soon as the one before is
-//! up, as a StatefulSet's own rolling update would, so a fix of the Kafka settings still rolls.
+//! partitions stop until it has restored. When the tasks cannot be placed this time (the
+//! operator cannot reach Kafka, a source topic is missing) nothing restarts: the rollout waits.
+//! Pods are restarted by eviction, so the PodDisruptionBudget holds a restart back while
+//! another pod of the app is disrupted (a node drain, say).
 
 use crate::placement::{self, DownCause, Health};
 
@@ -27,6 +28,14 @@ use crate::placement::{self, DownCause, Health};
 /// restarts, even when the pod restarted before falls behind meanwhile (each task moving to it
 /// starts as a copy that lags): deciding afresh each time would move tasks to and fro.
 pub const DRAINING: &str = "eddy.dev/rollout-draining";
+
+/// Annotation on the StatefulSet: the pod the rollout last restarted and when
+/// (`<pod>@<RFC 3339 time>`), so a pod that does not come back halts the rollout.
+pub const RESTARTED: &str = "eddy.dev/rollout-restarted";
+
+/// How long a restarted pod may take to be back (recreated and reporting) before the rollout
+/// halts: the time to pull an image and start, with room.
+pub const BACK_WITHIN_SECONDS: u64 = 300;
 use eddy_crds::resource::{Assignment, TaskRole, TaskState, WorkerStatus};
 use std::collections::BTreeMap;
 
@@ -44,12 +53,15 @@ pub struct Input<'a> {
     /// The pod the last step drained ([`Plan::draining`], kept in the StatefulSet's
     /// annotation [`DRAINING`]).
     pub draining: Option<&'a str>,
+    /// The pod the rollout last restarted and how many seconds ago ([`RESTARTED`]).
+    pub restarted: Option<(&'a str, u64)>,
     /// The revision (`controller-revision-hash`) of each of the app's pods that exists.
     /// None: the pods are not observed yet, nothing restarts.
     pub revisions: Option<&'a BTreeMap<String, String>>,
     /// The pods' health, as the assignor judges it (None: not observed, all up).
     pub health: Option<&'a BTreeMap<String, Health>>,
-    /// The assignment the workers follow now (None: the tasks cannot be placed this time).
+    /// The assignment the workers follow now (None: the tasks cannot be placed this time:
+    /// the plan is shown, nothing restarts).
     pub assignment: Option<&'a Assignment>,
     /// `status.workers`, sanitized.
     pub reports: &'a BTreeMap<String, WorkerStatus>,
@@ -66,6 +78,8 @@ pub struct Plan {
     pub done: usize,
     pub total: usize,
     pub step: Step,
+    /// Whether the step may restart a pod: the revisions, the pods and the tasks are known.
+    pub may_restart: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -74,10 +88,17 @@ pub enum Step {
     Idle,
     /// `pod` runs the new template and is not done yet (`why`); the next pod waits.
     Settling { pod: String, why: String },
-    /// `pod` runs the new template and is down: the rollout stops here.
-    Halted { pod: String, cause: DownCause },
+    /// Something else goes first (`why`): leaving pods drain, the tasks cannot be placed.
+    Waiting { why: String },
+    /// `pod` runs the new template and is down (`why`): the rollout stops here. `starting`:
+    /// it has not run yet (a slow pull, say), so it keeps its copies.
+    Halted {
+        pod: String,
+        why: String,
+        starting: bool,
+    },
     /// `pod` is next. `drain`: its active tasks move to other pods first; false when no
-    /// other pod is up to take them, or the tasks cannot be placed.
+    /// other pod is up to take them.
     Next { pod: String, drain: bool },
 }
 
@@ -93,7 +114,13 @@ impl Plan {
     /// The pod the rollout restarts (or just restarted): its copies stay assigned to it.
     pub fn restarting(&self) -> Option<&str> {
         match &self.step {
-            Step::Next { pod, .. } | Step::Settling { pod, .. } => Some(pod),
+            Step::Next { pod, .. }
+            | Step::Settling { pod, .. }
+            | Step::Halted {
+                pod,
+                starting: true,
+                ..
+            } => Some(pod),
             _ => None,
         }
     }
@@ -101,6 +128,10 @@ impl Plan {
     /// Whether a rollout is under way (or halted).
     pub fn rolling(&self) -> bool {
         self.step != Step::Idle
+    }
+
+    pub fn halted(&self) -> bool {
+        matches!(self.step, Step::Halted { .. })
     }
 
     /// The revision, once every pod runs it and is done.
@@ -115,7 +146,8 @@ impl Plan {
         format!("RollingUpdate {}/{}", self.done, self.total)
     }
 
-    /// What the status says of the step, after [`Plan::summary`].
+    /// What the status says of the step, after [`Plan::summary`]. `restart`: the pod of a
+    /// [`Step::Next`] is restarted now.
     pub fn message(&self, restart: bool, acceptable_lag: i64) -> String {
         let revision = self.revision.as_deref().unwrap_or("?");
         let step = match &self.step {
@@ -123,10 +155,9 @@ impl Plan {
             Step::Settling { pod, why } => format!(
                 "{pod} restarted; the next pod waits until {why} (acceptableRecoveryLag {acceptable_lag})"
             ),
-            Step::Halted { pod, cause } => {
-                format!("halted: {pod} runs the new template and is down ({cause})")
-            }
-            Step::Next { pod, .. } if restart => {
+            Step::Waiting { why } => format!("waiting: {why}"),
+            Step::Halted { pod, why, .. } => format!("halted at {pod}: {why}"),
+            Step::Next { pod, drain: true } if restart => {
                 format!("restarting {pod}, which holds no active task now")
             }
             Step::Next { pod, drain: true } => format!(
@@ -145,11 +176,17 @@ impl Plan {
 pub fn plan(input: &Input) -> Plan {
     let total = usize::try_from(input.replicas.max(0)).unwrap_or(0);
     let (Some(revision), Some(revisions)) = (input.update_revision, input.revisions) else {
+        // Not known (the pod cache syncing, the StatefulSet controller behind): a drain under
+        // way is kept, so its pod gets no task back meanwhile; nothing restarts.
         return Plan {
             revision: input.update_revision.map(str::to_string),
             done: 0,
             total,
-            step: Step::Idle,
+            step: input.draining.map_or(Step::Idle, |pod| Step::Next {
+                pod: pod.to_string(),
+                drain: true,
+            }),
+            may_restart: false,
         };
     };
     let health = |p: &str| match input.health {
@@ -173,14 +210,11 @@ pub fn plan(input: &Input) -> Plan {
         if health(p) == Health::Up {
             done += 1;
         }
-        match settled(input, p, &health(p)) {
-            Ok(()) => {}
-            Err(step) => {
-                // A halted pod says more than one still settling.
-                let halted = matches!(step, Step::Halted { .. });
-                if waiting.is_none() || halted {
-                    waiting = Some(step);
-                }
+        if let Err(step) = settled(input, p, &health(p)) {
+            // A halted pod says more than one still settling.
+            let halted = matches!(step, Step::Halted { .. });
+            if waiting.is_none() || halted {
+                waiting = Some(step);
             }
         }
     }
@@ -189,19 +223,41 @@ pub fn plan(input: &Input) -> Plan {
         done,
         total,
         step,
+        may_restart: input.assignment.is_some(),
     };
     // Rolled out (or never rolled: the pods of a new app are created from the revision): a
     // pod restarting now is a failover's business, not the rollout's.
     if outdated.is_empty() && input.rolled_out.is_none_or(|r| r == revision) {
         return plan(Step::Idle);
     }
-    // A drain under way goes on while the pod restarted before catches up ([`DRAINING`]).
+    let Some(assignment) = input.assignment else {
+        return plan(waiting.unwrap_or(Step::Waiting {
+            why: "the tasks cannot be placed now (see the Degraded condition), so no pod can be emptied".into(),
+        }));
+    };
+    // A scale-in first: its leaving pods hand their tasks to the pods that stay.
+    let leaving = assignment
+        .pods
+        .iter()
+        .filter(|(p, t)| {
+            !t.active.is_empty()
+                && placement::sanitize::pod_ordinal(input.app, p)
+                    .is_some_and(|o| o >= input.replicas)
+        })
+        .count();
+    if leaving > 0 {
+        return plan(Step::Waiting {
+            why: format!("{leaving} leaving pod(s) hand their tasks over first"),
+        });
+    }
+    // A drain under way goes on while the pod restarted before catches up ([`DRAINING`]),
+    // as long as no other pod is away.
     let catching_up =
         matches!(&waiting, Some(Step::Settling { pod, .. }) if health(pod) == Health::Up);
     if catching_up
-        && let Some(pod) = input
-            .draining
-            .filter(|p| outdated.iter().any(|o| o == p) && health(p) == Health::Up)
+        && let Some(pod) = input.draining.filter(|p| {
+            outdated.iter().any(|o| o == p) && pods.iter().all(|q| health(q) == Health::Up)
+        })
     {
         return plan(Step::Next {
             pod: pod.to_string(),
@@ -219,8 +275,7 @@ pub fn plan(input: &Input) -> Plan {
     let Some(pod) = next else {
         return plan(Step::Idle);
     };
-    let others_up = pods.iter().any(|p| *p != pod && health(p).is_up());
-    let drain = others_up && input.assignment.is_some();
+    let drain = pods.iter().any(|p| *p != pod && health(p).is_up());
     plan(Step::Next { pod, drain })
 }
 
@@ -233,17 +288,47 @@ fn settled(input: &Input, pod: &str, health: &Health) -> Result<(), Step> {
             why: why.to_string(),
         })
     };
+    let halted = |why: String, starting: bool| {
+        Err(Step::Halted {
+            pod: pod.to_string(),
+            why,
+            starting,
+        })
+    };
+    // A pod the rollout restarted that is still not back after the bound halts it.
+    let away = input
+        .restarted
+        .filter(|(p, secs)| *p == pod && *secs > BACK_WITHIN_SECONDS)
+        .map(|(_, secs)| secs);
     match health {
         Health::Up => {}
         Health::Starting => return settling("its worker reports"),
         Health::Stopping | Health::Down(DownCause::Gone | DownCause::Terminating) => {
+            if let Some(secs) = away {
+                let state = match health {
+                    Health::Down(cause) => cause.to_string(),
+                    _ => "its pod is stopping".to_string(),
+                };
+                return halted(
+                    format!(
+                        "restarted {secs}s ago, it is not back ({state}); the StatefulSet's events (kubectl describe statefulset) say why it is not recreated"
+                    ),
+                    false,
+                );
+            }
             return settling("it is back and its worker reports");
         }
+        Health::Down(cause @ DownCause::NotStarted(_)) => {
+            return halted(
+                format!("it runs the new pod template and is down ({cause})"),
+                true,
+            );
+        }
         Health::Down(cause) => {
-            return Err(Step::Halted {
-                pod: pod.to_string(),
-                cause: cause.clone(),
-            });
+            return halted(
+                format!("it runs the new pod template and is down ({cause})"),
+                false,
+            );
         }
     }
     let Some(assigned) = input.assignment.and_then(|a| a.pods.get(pod)) else {
@@ -258,10 +343,18 @@ fn settled(input: &Input, pod: &str, health: &Health) -> Result<(), Step> {
             !task(id).is_some_and(|t| t.role == TaskRole::Active && t.state == TaskState::Running)
         })
         .collect();
+    // Workers that report no lag at all (older than warm-ups): copies are not waited for, as
+    // the assignor moves their tasks at once.
+    let legacy = !input
+        .reports
+        .values()
+        .flat_map(|w| w.tasks.values())
+        .any(|t| t.lag.is_some());
     let behind: Vec<String> = assigned
         .standby
         .iter()
         .chain(&assigned.warmup)
+        .filter(|_| !legacy)
         .filter_map(|id| match task(id).and_then(|t| t.lag) {
             Some(l) if (0..=input.acceptable_lag).contains(&l) => None,
             Some(l) => Some(format!("{id} lag {l}")),
@@ -282,9 +375,9 @@ fn settled(input: &Input, pod: &str, health: &Health) -> Result<(), Step> {
     settling(&why.join(" and "))
 }
 
-/// The pod to delete now, if any: the next pod once it holds no active task, in `assignment`
-/// (the one this reconcile writes) and in its worker's own report, or at once when it is not
-/// to be drained or is not up.
+/// The pod to restart now, if any: the next pod once it holds no active task, in `assignment`
+/// (the one this reconcile writes) and in the report of its worker, which applied that
+/// assignment; or at once when it is not to be drained, or is not up.
 pub fn restart(
     plan: &Plan,
     assignment: Option<&Assignment>,
@@ -294,17 +387,20 @@ pub fn restart(
     let Step::Next { pod, drain } = &plan.step else {
         return None;
     };
+    let assignment = assignment.filter(|_| plan.may_restart)?;
     let up = health.is_none_or(|h| h.get(pod).is_some_and(Health::is_up));
     if !drain || !up {
         return Some(pod.clone());
     }
     let assigned = assignment
-        .and_then(|a| a.pods.get(pod))
-        .is_some_and(|t| !t.active.is_empty());
-    let running = reports
+        .pods
         .get(pod)
-        .is_some_and(|w| w.tasks.values().any(|t| t.role == TaskRole::Active));
-    (!assigned && !running).then(|| pod.clone())
+        .is_some_and(|t| !t.active.is_empty());
+    let released = reports.get(pod).is_some_and(|w| {
+        w.applied_generation == assignment.generation
+            && !w.tasks.values().any(|t| t.role == TaskRole::Active)
+    });
+    (!assigned && released).then(|| pod.clone())
 }
 
 #[cfg(test)]

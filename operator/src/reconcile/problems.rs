@@ -39,6 +39,9 @@ pub enum Reason {
     /// A pod restarted by a rolling update is down on the new pod template: the rollout
     /// stopped there ([`crate::rollout`]).
     RolloutHalted,
+    /// A spec change would strand records in flight or drop state: held until accepted
+    /// ([`super::gate`]).
+    ChangeLosesData,
 }
 
 impl Reason {
@@ -58,6 +61,7 @@ impl Reason {
             Reason::InternalTopicMismatch => "InternalTopicMismatch",
             Reason::NotCopartitioned => "NotCopartitioned",
             Reason::RolloutHalted => "RolloutHalted",
+            Reason::ChangeLosesData => "ChangeLosesData",
         }
     }
 
@@ -75,7 +79,7 @@ impl Reason {
         )
     }
 
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::InvalidSpec,
         Reason::ApplicationIdConflict,
         Reason::NameConflict,
@@ -90,6 +94,7 @@ impl Reason {
         Reason::InternalTopicMismatch,
         Reason::NotCopartitioned,
         Reason::RolloutHalted,
+        Reason::ChangeLosesData,
     ];
 }
 

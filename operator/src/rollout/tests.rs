@@ -129,6 +129,7 @@ impl Sim {
             update_revision: Some(&self.template),
             rolled_out: self.rolled_out.as_deref(),
             draining: self.draining.as_deref(),
+            restarted: None,
             revisions: Some(&revisions),
             health: Some(&health),
             assignment: self.assignment.as_ref(),
@@ -402,15 +403,16 @@ fn a_restarted_pod_that_crash_loops_halts_the_rollout_and_a_fix_goes_on() {
     let mut halted = None;
     for _ in 0..30 {
         let (plan, _) = sim.step();
-        if let Step::Halted { pod, cause } = &plan.step {
-            halted = Some((pod.clone(), cause.clone()));
+        if let Step::Halted { pod, why, starting } = &plan.step {
+            halted = Some((pod.clone(), why.clone(), *starting));
         }
     }
     assert_eq!(
         halted,
         Some((
             "a-2".into(),
-            DownCause::NotRunning("CrashLoopBackOff".into())
+            "it runs the new pod template and is down (its worker container is not running: CrashLoopBackOff)".into(),
+            false
         ))
     );
     assert_eq!(sim.restarted, ["a-2"], "never a cascade");
@@ -482,6 +484,7 @@ fn nothing_restarts_before_the_revision_and_the_pods_are_known() {
         update_revision: None,
         rolled_out: Some(OLD),
         draining: None,
+        restarted: None,
         revisions: Some(&revisions),
         health: Some(&health),
         assignment: sim.assignment.as_ref(),
@@ -508,35 +511,35 @@ fn nothing_restarts_before_the_revision_and_the_pods_are_known() {
 }
 
 #[test]
-fn without_a_placement_each_pod_restarts_once_the_one_before_is_up() {
+fn without_a_placement_nothing_restarts_and_the_rollout_says_why() {
     let mut sim = Sim::new(3, 6, 1);
+    let health = sim.health();
+    let revisions = sim.revisions();
+    let p = plan(&Input {
+        app: "a",
+        replicas: 3,
+        update_revision: Some(NEW),
+        rolled_out: Some(OLD),
+        draining: None,
+        restarted: None,
+        revisions: Some(&revisions),
+        health: Some(&health),
+        assignment: None,
+        reports: &sim.reports,
+        acceptable_lag: 100,
+    });
+    assert!(
+        matches!(&p.step, Step::Waiting { why } if why.contains("cannot be placed")),
+        "{p:?}"
+    );
+    assert_eq!(restart(&p, None, &sim.reports, Some(&health)), None);
+    assert_eq!(
+        restart(&p, sim.assignment.as_ref(), &sim.reports, Some(&health)),
+        None
+    );
     sim.template = NEW.into();
-    for _ in 0..40 {
-        let health = sim.health();
-        let revisions = sim.revisions();
-        let p = plan(&Input {
-            app: "a",
-            replicas: 3,
-            update_revision: Some(NEW),
-            rolled_out: Some(OLD),
-            draining: None,
-            revisions: Some(&revisions),
-            health: Some(&health),
-            assignment: None,
-            reports: &sim.reports,
-            acceptable_lag: 100,
-        });
-        if let Step::Next { drain, .. } = &p.step {
-            assert!(!drain, "nothing is drained without a placement");
-        }
-        let r = restart(&p, None, &sim.reports, Some(&health));
-        assert!(sim.away() <= 1);
-        sim.cluster(r.as_deref());
-        if p.complete() == Some(NEW) {
-            break;
-        }
-    }
-    assert_eq!(sim.restarted, ["a-2", "a-1", "a-0"]);
+    sim.step();
+    assert!(sim.restarted.is_empty());
 }
 
 #[test]
@@ -566,10 +569,144 @@ fn the_message_says_what_the_rollout_waits_for() {
             pod: "a-2".into(),
             why: "its copies catch up (0_1 lag 30000)".into(),
         },
+        may_restart: true,
     };
     assert_eq!(plan.summary(), "RollingUpdate 1/3");
     assert_eq!(
         plan.message(false, 10_000),
         "RollingUpdate 1/3 to revision rev-2: a-2 restarted; the next pod waits until its copies catch up (0_1 lag 30000) (acceptableRecoveryLag 10000)"
+    );
+}
+
+/// The input of one plan from the simulation, with `edit` applied.
+fn plan_of(sim: &Sim, edit: impl FnOnce(&mut Input)) -> Plan {
+    let health = sim.health();
+    let revisions = sim.revisions();
+    let mut input = Input {
+        app: "a",
+        replicas: sim.replicas,
+        update_revision: Some(&sim.template),
+        rolled_out: sim.rolled_out.as_deref(),
+        draining: sim.draining.as_deref(),
+        restarted: None,
+        revisions: Some(&revisions),
+        health: Some(&health),
+        assignment: sim.assignment.as_ref(),
+        reports: &sim.reports,
+        acceptable_lag: sim.acceptable,
+    };
+    edit(&mut input);
+    plan(&input)
+}
+
+#[test]
+fn a_drain_goes_on_while_the_pod_before_catches_up_but_not_while_a_pod_is_away() {
+    let mut sim = Sim::new(3, 6, 1);
+    sim.template = NEW.into();
+    // Until a-1 is being drained.
+    for _ in 0..40 {
+        let (plan, _) = sim.step();
+        if plan.draining() == Some("a-1") {
+            break;
+        }
+    }
+    assert_eq!(sim.draining.as_deref(), Some("a-1"));
+    // a-2 (restarted) falls behind again: the drain goes on.
+    sim.pods.insert(
+        "a-2".into(),
+        Pod::Running {
+            revision: NEW.into(),
+            warming: 3,
+        },
+    );
+    sim.report();
+    let p = plan_of(&sim, |_| {});
+    assert_eq!(p.draining(), Some("a-1"), "{p:?}");
+    // a-2 is evicted meanwhile: the drain stops, nothing restarts while a pod is away.
+    sim.pods.insert("a-2".into(), Pod::Gone);
+    let p = plan_of(&sim, |_| {});
+    assert!(
+        matches!(&p.step, Step::Settling { pod, .. } if pod == "a-2"),
+        "{p:?}"
+    );
+    assert_eq!(
+        restart(
+            &p,
+            sim.assignment.as_ref(),
+            &sim.reports,
+            Some(&sim.health())
+        ),
+        None
+    );
+}
+
+#[test]
+fn a_restarted_pod_not_back_in_time_halts_the_rollout_and_gives_its_copies_up() {
+    let mut sim = Sim::new(3, 6, 1);
+    sim.template = NEW.into();
+    sim.pods.insert("a-2".into(), Pod::Gone);
+    let p = plan_of(&sim, |i| i.restarted = Some(("a-2", 60)));
+    assert!(matches!(&p.step, Step::Settling { pod, .. } if pod == "a-2"));
+    assert_eq!(p.restarting(), Some("a-2"), "its copies wait for it");
+    let p = plan_of(&sim, |i| {
+        i.restarted = Some(("a-2", BACK_WITHIN_SECONDS + 1))
+    });
+    let Step::Halted { pod, why, starting } = &p.step else {
+        panic!("{p:?}");
+    };
+    assert_eq!((pod.as_str(), *starting), ("a-2", false));
+    assert!(why.contains("is not back (its pod is gone)"), "{why}");
+    assert_eq!(p.restarting(), None, "its standbys go to pods that are up");
+}
+
+#[test]
+fn a_scale_in_goes_first() {
+    let mut sim = Sim::new(3, 6, 1);
+    sim.template = NEW.into();
+    let p = plan_of(&sim, |i| i.replicas = 2);
+    assert!(
+        matches!(&p.step, Step::Waiting { why } if why.contains("1 leaving pod(s)")),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn unknown_revisions_keep_a_drain_and_restart_nothing() {
+    let mut sim = Sim::new(3, 6, 1);
+    sim.draining = Some("a-1".into());
+    let p = plan_of(&sim, |i| i.revisions = None);
+    assert_eq!(p.draining(), Some("a-1"));
+    assert!(!p.may_restart);
+    assert_eq!(
+        restart(
+            &p,
+            sim.assignment.as_ref(),
+            &sim.reports,
+            Some(&sim.health())
+        ),
+        None
+    );
+}
+
+#[test]
+fn workers_without_lag_reports_are_not_waited_for() {
+    let mut sim = Sim::new(3, 6, 1);
+    sim.template = NEW.into();
+    for w in sim.reports.values_mut() {
+        for t in w.tasks.values_mut() {
+            t.lag = None;
+        }
+    }
+    sim.pods.insert(
+        "a-2".into(),
+        Pod::Running {
+            revision: NEW.into(),
+            warming: 0,
+        },
+    );
+    let p = plan_of(&sim, |_| {});
+    assert!(
+        matches!(&p.step, Step::Next { pod, .. } if pod == "a-1"),
+        "{p:?}"
     );
 }
