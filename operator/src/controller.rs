@@ -518,6 +518,16 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
 
+    // The spec the workers run (the app's own ConfigMap): a change that would lose data is
+    // held, and everything below (Kafka, topics, objects) then follows the running spec.
+    let running = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&resources::config_map_name(&app))
+        .await?
+        .filter(|c| controlled_by(&c.metadata, &uid))
+        .and_then(|c| running_spec(&c));
+    let asked = app;
+    let app = reconcile::gate::effective(&asked, running.as_ref());
+
     // What the cluster and Kafka say, asked at the same time: a reconcile takes as long as
     // the slowest answer, not their sum.
     let others: Vec<(Kind, String)> = resources::object_names(&app)
@@ -540,7 +550,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
             Err(e) => KafkaFacts::CredentialsMissing(e.to_string()),
         }
     };
-    let (sts, held, facts, config) = futures::future::join4(
+    let (sts, held, facts) = futures::future::join3(
         Api::<StatefulSet>::namespaced(ctx.client.clone(), &ns).get_opt(&name),
         futures::future::try_join_all(
             others
@@ -548,8 +558,6 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
                 .map(|(kind, object)| held_by_other(ctx, &ns, *kind, object, &name, &uid)),
         ),
         kafka_facts,
-        Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
-            .get_opt(&resources::config_map_name(&app)),
     )
     .await;
     let mut observed = Observed {
@@ -557,9 +565,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         pods: observe_pods(&ctx.pods, &ns, &name),
         revisions: pod_revisions(&ctx.pods, &ns, &name),
         credentials_digest: conn.as_ref().ok().and_then(|c| c.digest(&uid)),
-        running: config?
-            .filter(|c| controlled_by(&c.metadata, &uid))
-            .and_then(|c| running_spec(&c)),
+        running,
         report_ages: ctx
             .report_clock
             .ages(&uid, &prev.workers, std::time::Instant::now()),
@@ -596,7 +602,7 @@ async fn apply(raw: &RawApp, ctx: &Ctx) -> Result<Action, Error> {
         }
     }
 
-    let mut desired = reconcile::reconcile_with(&app, &observed, &facts, &now, &ctx.workers);
+    let mut desired = reconcile::reconcile_with(&asked, &observed, &facts, &now, &ctx.workers);
     if !desired.distrusted.is_empty() {
         tracing::warn!(app = %raw.id(), "status.assignment holds what the operator did not write, ignored: {}", desired.distrusted.join("; "));
     }

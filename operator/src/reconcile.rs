@@ -498,7 +498,7 @@ pub fn reconcile_with(
             problems.push(Problem::new(
                 Reason::RolloutHalted,
                 format!(
-                    "the rolling update to revision {} stopped at {pod}: {why}; the other pods keep the old template and their tasks. See why (kubectl describe pod {pod}, its logs), then fix the spec or change it back: the rollout goes on by itself",
+                    "the rolling update to revision {} stopped at {pod}: {why}; the other pods keep the old template and their tasks. See why (kubectl describe pod {pod}, its logs), then fix the spec or change it back (a change back that would lose data needs accepting too, see ChangeLosesData): the rollout goes on by itself",
                     plan.revision.as_deref().unwrap_or("?")
                 ),
             ));
@@ -537,15 +537,17 @@ pub fn reconcile_with(
     if let Some(o) = objects.as_mut() {
         let sts = observed.stateful_set.as_ref();
         let draining = rollout_plan.as_ref().and_then(|p| p.draining());
-        let restarted = match (&restart, sts.and_then(|s| s.restarted.as_ref())) {
-            (Some(r), _) => Some(format!("{}@{now}", r.pod)),
-            (None, Some((pod, at)))
-                if rollout_plan.as_ref().and_then(|p| p.restarting()) == Some(pod.as_str()) =>
-            {
-                Some(format!("{pod}@{at}"))
-            }
-            _ => None,
-        };
+        let recorded = sts
+            .and_then(|s| s.restarted.as_ref())
+            .map(|(pod, at)| (pod.as_str(), at.to_string()));
+        let restarted = rollout_plan.as_ref().and_then(|plan| {
+            rollout::restarted_annotation(
+                plan,
+                restart.as_ref().map(|r| r.pod.as_str()),
+                recorded.as_ref().map(|(p, at)| (*p, at.as_str())),
+                now,
+            )
+        });
         let annotations = o
             .stateful_set
             .metadata

@@ -80,6 +80,9 @@ pub struct Plan {
     pub step: Step,
     /// Whether the step may restart a pod: the revisions, the pods and the tasks are known.
     pub may_restart: bool,
+    /// The pod the rollout restarted ([`Input::restarted`]) while it is not back (not up, or
+    /// not known to be): its [`RESTARTED`] time is kept.
+    pub away: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -187,6 +190,7 @@ pub fn plan(input: &Input) -> Plan {
                 drain: true,
             }),
             may_restart: false,
+            away: input.restarted.map(|(p, _)| p.to_string()),
         };
     };
     let health = |p: &str| match input.health {
@@ -218,12 +222,18 @@ pub fn plan(input: &Input) -> Plan {
             }
         }
     }
+    let away = input
+        .restarted
+        .map(|(p, _)| p)
+        .filter(|p| health(p) != Health::Up)
+        .map(str::to_string);
     let plan = |step| Plan {
         revision: Some(revision.to_string()),
         done,
         total,
         step,
         may_restart: input.assignment.is_some(),
+        away: away.clone(),
     };
     // Rolled out (or never rolled: the pods of a new app are created from the revision): a
     // pod restarting now is a failover's business, not the rollout's.
@@ -377,7 +387,8 @@ fn settled(input: &Input, pod: &str, health: &Health) -> Result<(), Step> {
 
 /// The pod to restart now, if any: the next pod once it holds no active task, in `assignment`
 /// (the one this reconcile writes) and in the report of its worker, which applied that
-/// assignment; or at once when it is not to be drained, or is not up.
+/// assignment; or at once when it is not to be drained, or is down (but not already
+/// terminating or gone).
 pub fn restart(
     plan: &Plan,
     assignment: Option<&Assignment>,
@@ -388,9 +399,17 @@ pub fn restart(
         return None;
     };
     let assignment = assignment.filter(|_| plan.may_restart)?;
-    let up = health.is_none_or(|h| h.get(pod).is_some_and(Health::is_up));
-    if !drain || !up {
-        return Some(pod.clone());
+    let state = health.map_or(Health::Up, |h| {
+        h.get(pod).cloned().unwrap_or(Health::Down(DownCause::Gone))
+    });
+    match state {
+        // Already going, or gone: nothing to evict.
+        Health::Stopping | Health::Down(DownCause::Terminating | DownCause::Gone) => {
+            return None;
+        }
+        Health::Down(_) => return Some(pod.clone()),
+        Health::Up | Health::Starting if !drain => return Some(pod.clone()),
+        Health::Up | Health::Starting => {}
     }
     let assigned = assignment
         .pods
@@ -401,6 +420,23 @@ pub fn restart(
             && !w.tasks.values().any(|t| t.role == TaskRole::Active)
     });
     (!assigned && released).then(|| pod.clone())
+}
+
+/// The [`RESTARTED`] annotation to write: the pod restarted now (keeping the time already
+/// recorded for it, so a refused eviction or a slow termination does not push it on), or the
+/// one recorded while it is not back; else none.
+pub fn restarted_annotation(
+    plan: &Plan,
+    restart: Option<&str>,
+    recorded: Option<(&str, &str)>,
+    now: &str,
+) -> Option<String> {
+    match (restart, recorded) {
+        (Some(pod), Some((was, at))) if pod == was => Some(format!("{pod}@{at}")),
+        (Some(pod), _) => Some(format!("{pod}@{now}")),
+        (None, Some((was, at))) if plan.away.as_deref() == Some(was) => Some(format!("{was}@{at}")),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -75,6 +75,15 @@ pub fn check(app: &StatefulStreamApp, running: Option<&AppSpec>) -> Gate {
     }
 }
 
+/// The app to build from: as asked, or, while a change is held, [`held_app`].
+pub fn effective(app: &StatefulStreamApp, running: Option<&AppSpec>) -> StatefulStreamApp {
+    let valid = eddy_crds::manifest::validate(&app.spec, "spec.").is_ok();
+    match check(app, running) {
+        Gate::Held { running, .. } if valid => held_app(app, &running),
+        _ => app.clone(),
+    }
+}
+
 /// The app as it keeps running while a change is held: the running spec, the new replicas.
 pub fn held_app(app: &StatefulStreamApp, running: &AppSpec) -> StatefulStreamApp {
     let mut held = app.clone();

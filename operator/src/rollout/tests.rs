@@ -570,6 +570,7 @@ fn the_message_says_what_the_rollout_waits_for() {
             why: "its copies catch up (0_1 lag 30000)".into(),
         },
         may_restart: true,
+        away: None,
     };
     assert_eq!(plan.summary(), "RollingUpdate 1/3");
     assert_eq!(
@@ -708,5 +709,93 @@ fn workers_without_lag_reports_are_not_waited_for() {
     assert!(
         matches!(&p.step, Step::Next { pod, .. } if pod == "a-1"),
         "{p:?}"
+    );
+}
+
+#[test]
+fn the_restart_time_is_kept_while_the_pod_is_away_and_not_pushed_on() {
+    let mut sim = Sim::new(3, 6, 1);
+    sim.template = NEW.into();
+    sim.pods.insert("a-2".into(), Pod::Gone);
+    let p = plan_of(&sim, |i| i.restarted = Some(("a-2", 10)));
+    assert_eq!(p.away.as_deref(), Some("a-2"));
+    let at = "2026-01-01T00:00:00Z";
+    assert_eq!(
+        restarted_annotation(&p, None, Some(("a-2", at)), "later").as_deref(),
+        Some("a-2@2026-01-01T00:00:00Z"),
+        "kept while away"
+    );
+    assert_eq!(
+        restarted_annotation(&p, Some("a-2"), Some(("a-2", at)), "later").as_deref(),
+        Some("a-2@2026-01-01T00:00:00Z"),
+        "a restart asked again (a refused eviction) keeps the first time"
+    );
+    assert_eq!(
+        restarted_annotation(&p, Some("a-1"), Some(("a-2", at)), "later").as_deref(),
+        Some("a-1@later")
+    );
+    // Halted after the bound: still kept, so the halt stays.
+    let p = plan_of(&sim, |i| {
+        i.restarted = Some(("a-2", BACK_WITHIN_SECONDS + 1))
+    });
+    assert!(p.halted());
+    assert!(restarted_annotation(&p, None, Some(("a-2", at)), "later").is_some());
+    // Back: forgotten.
+    sim.pods.insert(
+        "a-2".into(),
+        Pod::Running {
+            revision: NEW.into(),
+            warming: 1,
+        },
+    );
+    let p = plan_of(&sim, |i| i.restarted = Some(("a-2", 10)));
+    assert_eq!(p.away, None);
+    assert_eq!(
+        restarted_annotation(&p, None, Some(("a-2", at)), "later"),
+        None
+    );
+}
+
+#[test]
+fn a_terminating_or_gone_pod_is_not_evicted_again() {
+    let mut sim = Sim::new(3, 6, 1);
+    sim.template = NEW.into();
+    sim.pods.insert(
+        "a-2".into(),
+        Pod::Terminating {
+            revision: OLD.into(),
+        },
+    );
+    let p = plan_of(&sim, |_| {});
+    assert!(
+        matches!(&p.step, Step::Next { pod, .. } if pod == "a-2"),
+        "{p:?}"
+    );
+    assert_eq!(
+        restart(
+            &p,
+            sim.assignment.as_ref(),
+            &sim.reports,
+            Some(&sim.health())
+        ),
+        None
+    );
+    sim.pods.insert(
+        "a-2".into(),
+        Pod::Failing {
+            revision: OLD.into(),
+        },
+    );
+    let p = plan_of(&sim, |_| {});
+    assert_eq!(
+        restart(
+            &p,
+            sim.assignment.as_ref(),
+            &sim.reports,
+            Some(&sim.health())
+        )
+        .as_deref(),
+        Some("a-2"),
+        "a crash-looping pod is restarted at once"
     );
 }
