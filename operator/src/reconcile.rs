@@ -531,6 +531,12 @@ pub fn reconcile_with(
     }
 
     let rolled_out = rollout_plan.as_ref().and_then(|p| p.complete());
+    // Told only for a rollout the status showed (pods restarted for it): a revision the pods
+    // were created from is recorded silently.
+    let rolled = prev
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Progressing" && c.reason == placement::Reason::RollingUpdate.as_str());
     // What the next reconcile goes on from (omitted, the apply removes it): the pod drained
     // (rollout::DRAINING), and the pod restarted and when (rollout::RESTARTED), kept while
     // the rollout waits for that pod.
@@ -567,7 +573,7 @@ pub fn reconcile_with(
             &name,
             &mut o.stateful_set,
             observed.stateful_set.as_ref(),
-            rolled_out,
+            rolled_out.map(|r| (r, rolled)),
         ),
         _ => Vec::new(),
     };
@@ -704,7 +710,7 @@ fn lifecycle(
     name: &str,
     desired: &mut StatefulSet,
     observed: Option<&OwnStatefulSet>,
-    rolled_out: Option<&str>,
+    rolled_out: Option<(&str, bool)>,
 ) -> Vec<Event> {
     let normal = |reason: &str, message: String| Event {
         warning: false,
@@ -731,7 +737,7 @@ fn lifecycle(
         ));
     }
     // An app first seen by an operator that did not record rollouts yet gets no event.
-    if let (Some(done), Some(before)) = (rolled_out, &seen.announced)
+    if let (Some((done, true)), Some(before)) = (rolled_out, &seen.announced)
         && done != before
     {
         events.push(normal(
@@ -742,7 +748,7 @@ fn lifecycle(
             ),
         ));
     }
-    if let Some(revision) = rolled_out.or(seen.announced.as_deref()) {
+    if let Some(revision) = rolled_out.map(|(r, _)| r).or(seen.announced.as_deref()) {
         desired
             .metadata
             .annotations
@@ -1978,7 +1984,7 @@ mod tests {
         let rolled = |announced: Option<&str>, done: Option<&str>| {
             let mut s = sts();
             let observed = seen(3, announced).stateful_set;
-            let events = lifecycle("pv", &mut s, observed.as_ref(), done);
+            let events = lifecycle("pv", &mut s, observed.as_ref(), done.map(|d| (d, true)));
             (events, annotation(&s))
         };
         let (events, recorded) = rolled(None, Some("pv-1"));
