@@ -193,10 +193,7 @@ pub fn plan(input: &Input) -> Plan {
             away: input.restarted.map(|(p, _)| p.to_string()),
         };
     };
-    let health = |p: &str| match input.health {
-        None => Health::Up,
-        Some(h) => h.get(p).cloned().unwrap_or(Health::Down(DownCause::Gone)),
-    };
+    let health = |p: &str| placement::health::of(input.health, p);
     let pods: Vec<String> = (0..input.replicas.max(0))
         .map(|i| placement::pod_name(input.app, i))
         .collect();
@@ -353,13 +350,8 @@ fn settled(input: &Input, pod: &str, health: &Health) -> Result<(), Step> {
             !task(id).is_some_and(|t| t.role == TaskRole::Active && t.state == TaskState::Running)
         })
         .collect();
-    // Workers that report no lag at all (older than warm-ups): copies are not waited for, as
-    // the assignor moves their tasks at once.
-    let legacy = !input
-        .reports
-        .values()
-        .flat_map(|w| w.tasks.values())
-        .any(|t| t.lag.is_some());
+    // Lag-less workers: copies are not waited for, as the assignor moves their tasks at once.
+    let legacy = placement::lagless(input.reports);
     let behind: Vec<String> = assigned
         .standby
         .iter()
@@ -399,10 +391,7 @@ pub fn restart(
         return None;
     };
     let assignment = assignment.filter(|_| plan.may_restart)?;
-    let state = health.map_or(Health::Up, |h| {
-        h.get(pod).cloned().unwrap_or(Health::Down(DownCause::Gone))
-    });
-    match state {
+    match placement::health::of(health, pod) {
         // Already going, or gone: nothing to evict.
         Health::Stopping | Health::Down(DownCause::Terminating | DownCause::Gone) => {
             return None;

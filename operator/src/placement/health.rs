@@ -76,6 +76,15 @@ impl Health {
     }
 }
 
+/// The health of `pod` in `health` (None: the pods are not observed, every pod counts as
+/// up); a pod missing from the map has no Pod object.
+pub fn of(health: Option<&BTreeMap<String, Health>>, pod: &str) -> Health {
+    match health {
+        None => Health::Up,
+        Some(h) => h.get(pod).cloned().unwrap_or(Health::Down(DownCause::Gone)),
+    }
+}
+
 /// The health of each pod named in `names`, from the observed pods (absent: no Pod object),
 /// the workers' reports, how long ago the operator first saw each pod's current report
 /// (`seen`, seconds on its own monotonic clock; a report missing there was just seen) and

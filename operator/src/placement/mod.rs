@@ -201,6 +201,15 @@ pub fn hold_replicas(app: &str, replicas: i32, previous: Option<&Assignment>) ->
     replicas.min(MAX_REPLICAS).max(busy)
 }
 
+/// Whether no worker reports a lag at all: workers that predate warm-ups (a newer one reports
+/// 0 for each running active). With them, tasks move at once as they always did.
+pub fn lagless(reports: &BTreeMap<String, WorkerStatus>) -> bool {
+    !reports
+        .values()
+        .flat_map(|w| w.tasks.values())
+        .any(|t| t.lag.is_some())
+}
+
 /// `app-3` → 3, so `app-10` sorts after `app-9`.
 pub(crate) fn ordinal(name: &str) -> u64 {
     name.rsplit('-')
@@ -231,10 +240,7 @@ pub fn place(input: &Input) -> Placement {
         replicas: input.replicas.min(MAX_REPLICAS),
         ..input.clone()
     };
-    let health = |p: &str| match input.health {
-        None => Health::Up,
-        Some(h) => h.get(p).cloned().unwrap_or(Health::Down(DownCause::Gone)),
-    };
+    let health = |p: &str| health::of(input.health, p);
     let up = |p: &str| health(p).is_up();
     let stateful = |t: TaskId| {
         input
@@ -275,13 +281,7 @@ pub fn place(input: &Input) -> Placement {
         .map(|i| pod_name(input.app, i))
         .filter(|p| up(p) || input.restarting == Some(p.as_str()))
         .collect();
-    // Workers that predate warm-ups report no lag at all (a newer one reports 0 for each
-    // running active): with them, tasks move at once as they always did.
-    let legacy = !input
-        .reports
-        .values()
-        .flat_map(|w| w.tasks.values())
-        .any(|t| t.lag.is_some());
+    let legacy = lagless(input.reports);
     // Only a report of the pod's current container counts (Up): a restarted pod's previous
     // report still names the copies it had, which its new container (its volume lost, say)
     // may not have at all.

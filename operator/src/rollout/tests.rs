@@ -579,6 +579,16 @@ fn the_message_says_what_the_rollout_waits_for() {
     );
 }
 
+/// [`restart`] of a plan, against the simulation's assignment, reports and health.
+fn restart_of(sim: &Sim, p: &Plan) -> Option<String> {
+    restart(
+        p,
+        sim.assignment.as_ref(),
+        &sim.reports,
+        Some(&sim.health()),
+    )
+}
+
 /// The input of one plan from the simulation, with `edit` applied.
 fn plan_of(sim: &Sim, edit: impl FnOnce(&mut Input)) -> Plan {
     let health = sim.health();
@@ -630,15 +640,7 @@ fn a_drain_goes_on_while_the_pod_before_catches_up_but_not_while_a_pod_is_away()
         matches!(&p.step, Step::Settling { pod, .. } if pod == "a-2"),
         "{p:?}"
     );
-    assert_eq!(
-        restart(
-            &p,
-            sim.assignment.as_ref(),
-            &sim.reports,
-            Some(&sim.health())
-        ),
-        None
-    );
+    assert_eq!(restart_of(&sim, &p), None);
 }
 
 #[test]
@@ -678,15 +680,7 @@ fn unknown_revisions_keep_a_drain_and_restart_nothing() {
     let p = plan_of(&sim, |i| i.revisions = None);
     assert_eq!(p.draining(), Some("a-1"));
     assert!(!p.may_restart);
-    assert_eq!(
-        restart(
-            &p,
-            sim.assignment.as_ref(),
-            &sim.reports,
-            Some(&sim.health())
-        ),
-        None
-    );
+    assert_eq!(restart_of(&sim, &p), None);
 }
 
 #[test]
@@ -771,15 +765,7 @@ fn a_terminating_or_gone_pod_is_not_evicted_again() {
         matches!(&p.step, Step::Next { pod, .. } if pod == "a-2"),
         "{p:?}"
     );
-    assert_eq!(
-        restart(
-            &p,
-            sim.assignment.as_ref(),
-            &sim.reports,
-            Some(&sim.health())
-        ),
-        None
-    );
+    assert_eq!(restart_of(&sim, &p), None);
     sim.pods.insert(
         "a-2".into(),
         Pod::Failing {
@@ -788,13 +774,7 @@ fn a_terminating_or_gone_pod_is_not_evicted_again() {
     );
     let p = plan_of(&sim, |_| {});
     assert_eq!(
-        restart(
-            &p,
-            sim.assignment.as_ref(),
-            &sim.reports,
-            Some(&sim.health())
-        )
-        .as_deref(),
+        restart_of(&sim, &p).as_deref(),
         Some("a-2"),
         "a crash-looping pod is restarted at once"
     );
