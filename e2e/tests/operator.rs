@@ -1053,7 +1053,7 @@ fn creating_scaling_and_rolling_out_an_app_are_normal_events() -> Result<()> {
     ensure!(
         rolled.len() == 1
             && rolled[0].contains(&format!(
-                "every pod of StatefulSet {app} (2 pod(s) updated and Ready"
+                "every pod of StatefulSet {app} (2 pod(s) restarted one at a time, each with its copies caught up"
             )),
         "{rolled:?}"
     );
