@@ -195,6 +195,20 @@ pub struct WorkerStatus {
     /// Service instead: this only says that the pod serves queries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub query_address: Option<String>,
+    /// How long this worker goes on processing after SIGTERM while the operator moves its
+    /// active tasks to caught-up copies on other pods (0: it stops at once). The operator
+    /// treats its terminating pod as handing over from the moment it sees the deletion.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub handoff_seconds: u64,
+    /// The worker was asked to stop (SIGTERM) and hands its active tasks over: it takes no
+    /// new one, and stops once it holds none or its hand-off time is up. Its peers wait only
+    /// for the tasks it reports active.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopping: bool,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_zero(n: &i64) -> bool {

@@ -86,13 +86,15 @@ fn runs_scales_restores_and_deletes_an_app() -> Result<()> {
 
     // Exactly-once: the scale-out below moves tasks between workers, which under
     // exactly-once goes through the hand-off (the new owner waits for the old one to let go).
+    // Its workers stop at once on SIGTERM (no hand-off before they go): the pod deleted below
+    // is failed over, and its tasks restore in full where they go.
     let yaml = counting_app_yaml(
         &app,
         2,
         bs,
         &input,
         &output,
-        "  cleanupPolicy: Delete\n  processingGuarantee: exactly_once\n",
+        "  cleanupPolicy: Delete\n  processingGuarantee: exactly_once\n  podTemplate:\n    spec:\n      containers:\n        - {name: worker, env: [{name: EDDY_HANDOFF_TIMEOUT_SECONDS, value: \"0\"}]}\n",
     );
     env.apply(ns, &yaml)?;
 

@@ -556,6 +556,205 @@ fn pods_of(env: &Operated, ns: &str, app: &str) -> Result<BTreeMap<String, PodSe
         .collect())
 }
 
+/// Whether every one of `tasks` tasks of `app` has a standby whose pod reports it less than
+/// 1000 records behind.
+fn standbys_caught_up(env: &Operated, ns: &str, app: &str, tasks: usize) -> Result<bool> {
+    let (_, s) = env.app_status(ns, app)?;
+    let Some(a) = &s.assignment else {
+        return Ok(false);
+    };
+    Ok(
+        a.pods.values().map(|t| t.standby.len()).sum::<usize>() == tasks
+            && a.pods.iter().all(|(pod, t)| {
+                t.standby.iter().all(|task| {
+                    s.workers
+                        .get(pod)
+                        .and_then(|w| w.tasks.get(task))
+                        .is_some_and(|r| r.lag.is_some_and(|l| l < 1000))
+                })
+            }),
+    )
+}
+
+/// `kubectl delete pod` (what an eviction, a node drain, does) under a steady producer, with
+/// state and one standby, under both guarantees: the worker keeps processing while the
+/// operator moves its active tasks to their caught-up standbys (`TasksMoved`, a hand-off: no
+/// `TasksFailedOver`), says it is stopping in its report, then stops; the StatefulSet brings the
+/// pod back and the app settles. Exactly-once counts every record once, at-least-once loses
+/// none. The longest pause per partition is printed, not asserted.
+#[test]
+fn a_deleted_pod_hands_its_tasks_to_caught_up_standbys_before_it_stops() -> Result<()> {
+    use eddy_e2e::scaling::measure::{OutputWatch, longest_gap, since};
+    const KEYS: usize = 30_000;
+    let env = env()?;
+    let space = Namespace::new(env, &[])?;
+    let ns = space.name.as_str();
+    let input = space.topic("hand-in", 6)?;
+    let (eos_out, alos_out) = (space.topic("hand-eos", 6)?, space.topic("hand-alos", 6)?);
+    let apps = [
+        ("heos", "exactly_once", &eos_out),
+        ("halos", "at_least_once", &alos_out),
+    ];
+    let records: Vec<Input> = (0..KEYS)
+        .map(|i| (Some(format!("k{i}").into_bytes()), Some(b"{}".to_vec())))
+        .collect();
+    produce(&input, &records)?;
+    let mut all = String::new();
+    for (app, guarantee, out) in apps {
+        let extra = format!(
+            "  processingGuarantee: {guarantee}\n  commitIntervalMs: 200\n  numStandbyReplicas: 1\n"
+        );
+        all += &app_yaml(app, 3, &input, out, &extra)?;
+        all += "---\n";
+    }
+    env.apply(ns, &all)?;
+    for (app, _, _) in apps {
+        env.wait_settled(ns, app, 3)?;
+        wait_until(WAIT, || standbys_caught_up(env, ns, app, 6)).with_context(|| env.logs())?;
+    }
+    let epoch = Instant::now();
+    let load = Load::start(&input, KEYS, 300)?;
+    let watches = [
+        OutputWatch::start(&eos_out, epoch)?,
+        OutputWatch::start(&alos_out, epoch)?,
+    ];
+    wait_until(WAIT, || {
+        Ok(watches
+            .iter()
+            .all(|w| (0..6).all(|p| w.arrivals(p).len() >= 3)))
+    })?;
+    let mut held = Vec::new();
+    let mut uids = Vec::new();
+    for (app, _, _) in apps {
+        let victim = format!("{app}-1");
+        let (_, s) = env.app_status(ns, app)?;
+        let tasks = s
+            .assignment
+            .and_then(|mut a| a.pods.remove(&victim))
+            .map(|p| p.active)
+            .unwrap_or_default();
+        ensure!(!tasks.is_empty(), "{victim} runs no task");
+        held.push(tasks);
+        uids.push(env.get(ns, &format!("pod/{victim}"), "{.metadata.uid}"));
+    }
+    let events = |app: &str| -> Result<Vec<String>> {
+        Ok(env
+            .kubectl(
+                &[
+                    "-n",
+                    ns,
+                    "get",
+                    "events",
+                    "--field-selector",
+                    &format!("involvedObject.name={app}"),
+                    "-o",
+                    "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+                ],
+                None,
+            )?
+            .lines()
+            .map(String::from)
+            .collect())
+    };
+    let before: Vec<Vec<String>> = apps
+        .iter()
+        .map(|(app, _, _)| events(app))
+        .collect::<Result<_>>()?;
+    // What the deleted pod's worker says while it hands over.
+    let stopping: Vec<_> = apps
+        .iter()
+        .map(|(app, _, _)| {
+            env.watch(
+                ns,
+                &format!("ssapp/{app}"),
+                &format!("{{.status.workers.{app}-1.stopping}}"),
+            )
+        })
+        .collect::<Result<_>>()?;
+    let t0 = since(epoch);
+    for (app, _, _) in apps {
+        env.kubectl(
+            &[
+                "-n",
+                ns,
+                "delete",
+                "pod",
+                &format!("{app}-1"),
+                "--wait=false",
+            ],
+            None,
+        )?;
+    }
+    for (i, (app, _, _)) in apps.iter().enumerate() {
+        let victim = format!("{app}-1");
+        wait_until(WAIT, || {
+            let p = |path: &str| env.get(ns, &format!("pod/{victim}"), path);
+            Ok(p("{.metadata.uid}") != uids[i]
+                && p("{.status.conditions[?(@.type==\"Ready\")].status}") == "True")
+        })
+        .with_context(|| env.logs())?;
+        env.wait_settled(ns, app, 3)?;
+    }
+    let t1 = since(epoch);
+    for (i, (app, _, _)) in apps.iter().enumerate() {
+        let victim = format!("{app}-1");
+        let new: Vec<String> = events(app)?
+            .into_iter()
+            .filter(|l| !before[i].contains(l))
+            .collect();
+        ensure!(
+            !new.iter().any(|l| l.starts_with("TasksFailedOver")),
+            "{app}: {victim}'s tasks failed over instead of being handed over: {new:#?}\n{}",
+            env.logs()
+        );
+        // Moved elsewhere (later ones may move back to the new pod under the old name).
+        for task in &held[i] {
+            ensure!(
+                new.iter().any(|l| l.starts_with("TasksMoved")
+                    && l.contains(&format!(" {task}"))
+                    && !l.contains(&format!(" to {victim}:"))
+                    && l.contains("caught up")),
+                "{app}: {task} of {victim} was not moved to a caught-up copy: {new:#?}"
+            );
+        }
+        let seen = stopping[i].seen();
+        ensure!(
+            seen.iter().any(|m| m == "true"),
+            "{app}: {victim}'s worker never reported it was stopping: {seen:?}"
+        );
+        let gaps: Vec<String> = (0..6)
+            .map(|p| {
+                let g = longest_gap(&watches[i].arrivals(p), t0, t1);
+                format!("{:.2} ({:.2}..{:.2})", g.seconds(), g.start, g.end)
+            })
+            .collect();
+        eprintln!(
+            "{app}: {victim} deleted at {t0:.2} s, its tasks {:?} handed over, back and settled at {t1:.2} s; longest pause per output partition (s): {}",
+            held[i],
+            gaps.join(", ")
+        );
+    }
+
+    let sent = load.stop()?;
+    for w in watches {
+        w.stop()?;
+    }
+    for (app, _, out) in apps {
+        let exact = app == "heos";
+        wait_until(WAIT, || {
+            let last = i64_values_by_key(out)?;
+            Ok(sent.iter().all(|(k, n)| {
+                last.get(k)
+                    .and_then(|v| v.last())
+                    .is_some_and(|v| if exact { v == n } else { v >= n })
+            }))
+        })
+        .with_context(|| format!("{app}: counts wrong after the hand-off\n{}", env.logs()))?;
+    }
+    env.delete_apps(ns)?;
+    Ok(())
+}
+
 /// A pod-template change under a steady producer, with state and one standby, under both
 /// guarantees: the operator restarts the pods one at a time, highest ordinal first, each once
 /// its active tasks run elsewhere and the one before has caught up. While a pod is away every
@@ -593,24 +792,9 @@ fn a_rolling_update_moves_each_pods_tasks_before_it_restarts_the_pod() -> Result
         Ok(all)
     };
     env.apply(ns, &spec(200)?)?;
-    let standbys_caught_up = |app: &str| -> Result<bool> {
-        let (_, s) = env.app_status(ns, app)?;
-        let Some(a) = &s.assignment else {
-            return Ok(false);
-        };
-        Ok(a.pods.values().map(|t| t.standby.len()).sum::<usize>() == 6
-            && a.pods.iter().all(|(pod, t)| {
-                t.standby.iter().all(|task| {
-                    s.workers
-                        .get(pod)
-                        .and_then(|w| w.tasks.get(task))
-                        .is_some_and(|r| r.lag.is_some_and(|l| l < 1000))
-                })
-            }))
-    };
     for (app, _, _) in apps {
         env.wait_settled(ns, app, 3)?;
-        wait_until(WAIT, || standbys_caught_up(app)).with_context(|| env.logs())?;
+        wait_until(WAIT, || standbys_caught_up(env, ns, app, 6)).with_context(|| env.logs())?;
     }
 
     let epoch = Instant::now();

@@ -317,6 +317,15 @@ pub fn reconcile_with(
 
     let mut topics_to_create = Vec::new();
     let mut events = Vec::new();
+    // An accepted loss is told while it is being applied: until the workers' ConfigMap holds
+    // the new spec (once, unless that write fails; the recorder folds repeats into a series).
+    if let gate::Gate::Accepted(changes) = &gated {
+        events.push(Event {
+            warning: false,
+            reason: "ChangeAccepted".into(),
+            message: gate::accepted(app, changes),
+        });
+    }
     let mut progress = None;
     let mut distrusted = Vec::new();
     let mut rollout_plan = None;
@@ -1789,6 +1798,27 @@ mod tests {
         let d = reconcile(&accepted, &observed, &facts, "t1");
         assert!(d.problems.is_empty(), "{:?}", d.problems);
         assert!(app_file(&d).contains("store: d"));
+        let told: Vec<&Event> = d
+            .events
+            .iter()
+            .filter(|e| e.reason == "ChangeAccepted")
+            .collect();
+        assert!(
+            told.len() == 1 && !told[0].warning && told[0].message.contains("store c"),
+            "{:?}",
+            d.events
+        );
+        // Applied: the workers' ConfigMap holds the new spec, nothing more to tell.
+        let applied = Observed {
+            running: Some(accepted.spec.clone()),
+            ..Default::default()
+        };
+        let d = reconcile(&accepted, &applied, &facts, "t2");
+        assert!(
+            d.events.iter().all(|e| e.reason != "ChangeAccepted"),
+            "{:?}",
+            d.events
+        );
     }
 
     #[test]

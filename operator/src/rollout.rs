@@ -310,7 +310,9 @@ fn settled(input: &Input, pod: &str, health: &Health) -> Result<(), Step> {
     match health {
         Health::Up => {}
         Health::Starting => return settling("its worker reports"),
-        Health::Stopping | Health::Down(DownCause::Gone | DownCause::Terminating) => {
+        Health::Stopping
+        | Health::HandingOff
+        | Health::Down(DownCause::Gone | DownCause::Terminating) => {
             if let Some(secs) = away {
                 let state = match health {
                     Health::Down(cause) => cause.to_string(),
@@ -393,7 +395,9 @@ pub fn restart(
     let assignment = assignment.filter(|_| plan.may_restart)?;
     match placement::health::of(health, pod) {
         // Already going, or gone: nothing to evict.
-        Health::Stopping | Health::Down(DownCause::Terminating | DownCause::Gone) => {
+        Health::Stopping
+        | Health::HandingOff
+        | Health::Down(DownCause::Terminating | DownCause::Gone) => {
             return None;
         }
         Health::Down(_) => return Some(pod.clone()),

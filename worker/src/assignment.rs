@@ -88,6 +88,7 @@ fn observe(link: &Link, status: &Status, st: AppStatus) {
                 // Reports of workers from before roles existed say nothing: ACTIVE.
                 let peer = Peer {
                     applied_generation: w.applied_generation,
+                    stopping: w.stopping,
                     active: w
                         .tasks
                         .iter()

@@ -168,6 +168,12 @@ struct RunArgs {
     /// pod's name in the app's headless Service).
     #[arg(long, env = "EDDY_QUERY_ADVERTISED_ADDR")]
     advertised_query_addr: Option<String>,
+    /// Under the operator: on SIGTERM, keep processing the active tasks for at most this many
+    /// seconds while the operator moves them to caught-up copies on other pods, then stop
+    /// (0: stop at once, the tasks fail over). Keep it well below the pod's
+    /// `terminationGracePeriodSeconds` (60): the clean close after it needs time too.
+    #[arg(long, env = "EDDY_HANDOFF_TIMEOUT_SECONDS", default_value_t = 20)]
+    handoff_timeout_seconds: u64,
     /// Under the operator, where this worker forwards queries: `service`, the other pods'
     /// names in the app's headless Service; `reported`, the address each worker reports
     /// (for workers that are not the app's pods; trusts whoever may write the app's status).
@@ -518,6 +524,12 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
             (None, None) => None,
         };
     }
+    if link.is_some()
+        && let Ok(mut r) = status.report.lock()
+    {
+        // The operator hands a terminating pod's tasks over only if its worker waits for it.
+        r.handoff_seconds = a.handoff_timeout_seconds;
+    }
     if let Some(link) = link {
         let client = rt
             .block_on(kube::Client::try_default())
@@ -537,6 +549,12 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     }
     {
         let status = status.clone();
+        // Only under the operator is there someone to hand the tasks to.
+        let handoff = std::time::Duration::from_secs(if status.follow_assignment {
+            a.handoff_timeout_seconds
+        } else {
+            0
+        });
         rt.spawn(async move {
             use tokio::signal::unix::{SignalKind, signal};
             let (Ok(mut term), Ok(mut int)) = (
@@ -546,6 +564,32 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
                 return;
             };
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            // Alone, there is nobody to hand the tasks to.
+            if !handoff.is_zero() && status.has_peers() {
+                tracing::info!(
+                    "asked to stop: handing the active tasks over first (at most {} s)",
+                    handoff.as_secs()
+                );
+                status.begin_stopping();
+                let deadline = tokio::time::Instant::now() + handoff;
+                loop {
+                    let held = status.active_tasks();
+                    if held == 0 {
+                        tracing::info!("no active task left here");
+                        break;
+                    }
+                    // A second signal stops at once.
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(deadline) => {
+                            tracing::warn!(tasks = held, "the hand-off did not finish within {} s: stopping with these tasks, which fail over", handoff.as_secs());
+                            break;
+                        }
+                        _ = term.recv() => break,
+                        _ = int.recv() => break,
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+                    }
+                }
+            }
             tracing::info!("shutting down: finishing the current batch and committing");
             status.shutdown.store(true, Ordering::Relaxed);
         });

@@ -163,6 +163,9 @@ pub struct Peer {
     pub applied_generation: i64,
     /// Tasks it reports with role ACTIVE, in any state.
     pub active: Vec<TaskId>,
+    /// It hands its tasks over before it stops and takes no new one: it holds at most what
+    /// it reports active, whatever generation it applied.
+    pub stopping: bool,
 }
 
 /// The peers to wait for before taking `ids`, gained in `generation`: those (outside `down`)
@@ -185,7 +188,7 @@ pub fn holders(
         .filter(|(pod, p)| {
             !down.contains(pod)
                 && (p.active.iter().any(|t| ids.contains(t))
-                    || (pods.contains(pod) && p.applied_generation < generation))
+                    || (pods.contains(pod) && p.applied_generation < generation && !p.stopping))
         })
         .map(|(pod, _)| pod.clone())
         .collect();
@@ -276,6 +279,7 @@ mod tests {
         let peer = |applied_generation: i64, active: &[i32]| Peer {
             applied_generation,
             active: ids(active),
+            stopping: false,
         };
         let peers: HashMap<String, Peer> = [
             // Killed while running 0_2 and 0_4: its last report, of generation 3, says so.
@@ -387,6 +391,7 @@ mod tests {
         let peer = |applied_generation: i64, active: &[i32]| Peer {
             applied_generation,
             active: ids(active),
+            stopping: false,
         };
         let peers = HashMap::from([
             ("a".to_string(), peer(2, &[0])),
@@ -416,6 +421,13 @@ mod tests {
             holders(&peers, &ids(&[0, 4]), &s(&["a", "c"]), 3, &pods),
             s(&["b"])
         );
+        // A stopping worker takes nothing new: behind or not, it holds what it reports.
+        let mut stopping = peers.clone();
+        for p in stopping.values_mut() {
+            p.stopping = true;
+        }
+        assert!(holders(&stopping, &ids(&[4]), &[], 3, &pods).is_empty());
+        assert_eq!(holders(&stopping, &ids(&[5]), &[], 3, &pods), s(&["c"]));
         // Everybody applied generation 2 or more, nobody reports 0_2: nothing to wait for.
         assert!(holders(&peers, &ids(&[2]), &s(&["c"]), 2, &pods).is_empty());
         // A pod outside the assignment is waited for only while it reports the task.

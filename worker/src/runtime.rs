@@ -884,6 +884,17 @@ impl Manager<'_> {
         if !unknown.is_empty() {
             tracing::warn!(?unknown, "ignoring assigned tasks this app does not have");
         }
+        if self.status.stopping.load(Ordering::Relaxed) {
+            // Handing over before it stops: it keeps what it runs until the operator moves it
+            // and takes nothing new (an assignment made before the operator saw the pod go).
+            let held: Vec<TaskId> = self
+                .tasks
+                .iter()
+                .map(|t| t.id)
+                .chain(self.jobs.iter().flat_map(|j| j.ids.iter().copied()))
+                .collect();
+            desired.active.retain(|t| held.contains(t));
+        }
         Some(desired)
     }
 
@@ -1405,6 +1416,9 @@ impl Manager<'_> {
         let Ok(mut r) = self.status.report.lock() else {
             return;
         };
+        // Read by this thread with the tasks below: once `stopping` is reported, the task list
+        // beside it is all this worker will ever hold ([`Runtime::wanted`]).
+        r.stopping = self.status.stopping.load(Ordering::Relaxed);
         r.problem = problem;
         r.applied_generation = self.applied.unwrap_or(0);
         if self.leased() && self.tasks.is_empty() && self.jobs.is_empty() {

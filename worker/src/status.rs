@@ -21,6 +21,9 @@ pub struct Status {
     pub ready: AtomicBool,
     /// Set to ask the loop to commit, close cleanly and return.
     pub shutdown: AtomicBool,
+    /// Set on SIGTERM under the operator, before `shutdown`: the worker hands its active
+    /// tasks over and takes no new one ([`Status::begin_stopping`]).
+    pub stopping: AtomicBool,
     /// What the last restore did, for tests and logs.
     pub restored: Mutex<Restored>,
     /// Run the tasks in `desired` instead of every task (set when the operator assigns).
@@ -203,6 +206,29 @@ impl Status {
         }
         r.problem = self.problem.lock().ok().and_then(|p| p.clone());
         Some(r)
+    }
+
+    /// Asked to stop under the operator: take no new task, and say so in the next report
+    /// (`stopping`, written by the processing thread together with the tasks it holds, so a
+    /// peer never reads `stopping` beside a task list that misses one just taken).
+    pub fn begin_stopping(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        self.report_soon();
+    }
+
+    /// Whether any other worker of the app reports: someone the tasks could be handed to.
+    pub fn has_peers(&self) -> bool {
+        self.peers.lock().is_ok_and(|p| !p.is_empty())
+    }
+
+    /// How many active tasks this worker runs or restores (its last report's).
+    pub fn active_tasks(&self) -> usize {
+        self.report.lock().map_or(0, |r| {
+            r.tasks
+                .values()
+                .filter(|t| t.role == eddy_crds::resource::TaskRole::Active)
+                .count()
+        })
     }
 
     /// Called by the reporter after each report it sent.

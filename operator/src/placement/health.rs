@@ -67,6 +67,10 @@ pub enum Health {
     /// committing its last batch and nothing can fence it, so its tasks stay until its
     /// container stops (a new owner restoring meanwhile would miss its last changelog writes).
     Stopping,
+    /// Terminating, its worker handing its active tasks over (its fresh report says
+    /// `stopping`): it takes no task, and its actives move to caught-up copies on other pods
+    /// as a drained pod's do, while it keeps processing them until then.
+    HandingOff,
     Down(DownCause),
 }
 
@@ -135,6 +139,16 @@ pub fn assess<'a>(
                     Health::Stopping
                 }
                 None => Health::Down(DownCause::Gone),
+                // Its worker hands its tasks over when told to stop (it said so in every
+                // report): from the moment the pod is deleted, before the SIGTERM reaches it.
+                Some(PodObserved::Terminating)
+                    if age(name) <= STALE_REPORT_SECONDS
+                        && reports
+                            .get(name)
+                            .is_some_and(|w| w.handoff_seconds > 0 || w.stopping) =>
+                {
+                    Health::HandingOff
+                }
                 Some(PodObserved::Terminating) if fenced => Health::Down(DownCause::Terminating),
                 Some(PodObserved::Terminating) => match last_report(name) {
                     Some(_) if age(name) <= STALE_REPORT_SECONDS => Health::Stopping,
@@ -153,6 +167,11 @@ pub fn assess<'a>(
                     match report {
                         Some(_) if age(name) > STALE_REPORT_SECONDS => {
                             Health::Down(DownCause::Silent(age(name)))
+                        }
+                        // Told to stop without its pod going (a liveness probe failed):
+                        // it hands its tasks over as well, and takes no new one.
+                        Some(_) if reports.get(name).is_some_and(|w| w.stopping) => {
+                            Health::HandingOff
                         }
                         Some(_) => Health::Up,
                         None if secs(*started) > STALE_REPORT_SECONDS => {
@@ -318,6 +337,58 @@ mod tests {
             judge(t(), Some(report("2026-01-01T00:00:58Z")), true),
             Health::Down(DownCause::Terminating),
             "exactly-once fences it instead of waiting"
+        );
+    }
+
+    /// A worker that says it hands its tasks over (`stopping`) keeps them while its report is
+    /// fresh, under either guarantee; silent, it is cut off as any other.
+    #[test]
+    fn a_terminating_pod_whose_worker_hands_over_is_handing_off_while_it_reports() {
+        let t = || Some(PodObserved::Terminating);
+        let stopping = |updated: &str| {
+            let mut r = report(updated);
+            r.stopping = true;
+            r
+        };
+        // Deleted a moment ago: the SIGTERM has not reached it, but it says it will hand over.
+        let willing = |updated: &str| {
+            let mut r = report(updated);
+            r.handoff_seconds = 20;
+            r
+        };
+        for fenced in [false, true] {
+            assert_eq!(
+                judge(t(), Some(stopping("2026-01-01T00:00:58Z")), fenced),
+                Health::HandingOff
+            );
+            assert_eq!(
+                judge(t(), Some(willing("2026-01-01T00:00:58Z")), fenced),
+                Health::HandingOff
+            );
+            assert_eq!(
+                judge(t(), Some(stopping("2026-01-01T00:00:20Z")), false),
+                Health::Down(DownCause::Silent(40))
+            );
+        }
+        assert!(!Health::HandingOff.is_up(), "it takes no task");
+        let running = || {
+            Some(PodObserved::Running {
+                started: at("2026-01-01T00:00:00Z"),
+            })
+        };
+        assert_eq!(
+            judge(running(), Some(stopping("2026-01-01T00:00:58Z")), true),
+            Health::HandingOff,
+            "told to stop by its kubelet (a liveness probe), not by a deletion"
+        );
+        assert_eq!(
+            judge(running(), Some(willing("2026-01-01T00:00:58Z")), true),
+            Health::Up
+        );
+        assert_eq!(
+            judge(None, Some(stopping("2026-01-01T00:00:58Z")), true),
+            Health::Down(DownCause::Gone),
+            "gone is gone"
         );
     }
 

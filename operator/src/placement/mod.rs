@@ -273,7 +273,8 @@ pub fn place(input: &Input) -> Placement {
         .map(|i| pod_name(input.app, i))
         .filter(|p| up(p))
         .collect();
-    let draining = |p: &str| input.draining == Some(p);
+    // A pod the rollout drains, or whose worker hands its tasks over before it stops.
+    let draining = |p: &str| input.draining == Some(p) || health(p) == Health::HandingOff;
     // The pods that may take active tasks: a pod the rollout drains takes none.
     let takers: Vec<String> = staying.iter().filter(|p| !draining(p)).cloned().collect();
     // The pods that may hold standbys: also the one the rollout restarts, while it is away.
@@ -601,7 +602,7 @@ fn progress_of(input: &Input, f: &ProgressFacts) -> (Reason, String) {
             .iter()
             .map(|p| match (f.health)(p) {
                 Health::Down(cause) => format!("{p} is down ({cause})"),
-                Health::Up | Health::Starting | Health::Stopping => {
+                Health::Up | Health::Starting | Health::Stopping | Health::HandingOff => {
                     format!("{p} is back, waiting for its first report")
                 }
             })
@@ -630,6 +631,22 @@ fn progress_of(input: &Input, f: &ProgressFacts) -> (Reason, String) {
             let names: Vec<&str> = holding.iter().map(|p| p.as_str()).collect();
             message.push_str(&format!("; {} still run tasks", names.join(", ")));
         }
+        if !f.pending.is_empty() {
+            message.push_str(&format!("; {}", warming()));
+        }
+        return (Reason::Draining, message);
+    }
+    let stopping: BTreeSet<&String> = f
+        .owner
+        .values()
+        .filter(|p| (f.health)(p) == Health::HandingOff)
+        .collect();
+    if !stopping.is_empty() {
+        let names: Vec<&str> = stopping.iter().map(|p| p.as_str()).collect();
+        let mut message = format!(
+            "{} stopping (deleted or evicted): their active tasks move to caught-up copies on the other pods before they go",
+            names.join(", ")
+        );
         if !f.pending.is_empty() {
             message.push_str(&format!("; {}", warming()));
         }

@@ -988,6 +988,57 @@ fn a_stopping_pod_keeps_its_tasks_until_gone_then_they_fail_over() {
 }
 
 #[test]
+fn a_pod_handing_off_loses_its_actives_to_caught_up_copies_and_keeps_the_rest_until_gone() {
+    let mut sim = Sim::new(&[6], 3);
+    sim.standbys = 1;
+    sim.settle();
+    let held = sim.a().pods["a-1"].active.clone();
+    assert!(held.len() >= 2, "{held:?}");
+    let mut h: BTreeMap<String, Health> = (0..3).map(|i| (format!("a-{i}"), Health::Up)).collect();
+    h.insert("a-1".into(), Health::HandingOff);
+    sim.health = Some(h);
+    // One of its tasks has a caught-up standby, the other's standby is far behind.
+    let (quick, slow) = (held[0].clone(), held[1].clone());
+    sim.report(|pod, task| {
+        if pod != "a-1" && task == slow {
+            1_000_000
+        } else {
+            0
+        }
+    });
+    let p = sim.step();
+    assert_ne!(owner(&p.assignment, &quick), "a-1", "{:?}", p.assignment);
+    assert!(
+        p.moves
+            .iter()
+            .all(|m| m.from == "a-1" && matches!(m.why, Why::CaughtUp { .. })),
+        "a hand-off, not a failover: {:?}",
+        p.moves
+    );
+    assert_eq!(
+        owner(&p.assignment, &slow),
+        "a-1",
+        "nowhere caught up to go"
+    );
+    assert!(p.assignment.down.is_empty(), "{:?}", p.assignment);
+    assert_eq!(p.progress.reason, Reason::Draining, "{:?}", p.progress);
+    assert!(
+        p.progress.message.contains("a-1 stopping"),
+        "{:?}",
+        p.progress
+    );
+    // It takes nothing new, whatever the balance would like.
+    for id in &p.assignment.pods["a-1"].active {
+        assert!(held.contains(id), "{id} went to a pod that is stopping");
+    }
+    // Gone with a task left: that one fails over.
+    sim.set_down("a-1", DownCause::Gone);
+    let p = sim.step();
+    assert_ne!(owner(&p.assignment, &slow), "a-1");
+    assert_eq!(p.assignment.down, ["a-1"]);
+}
+
+#[test]
 fn each_entry_names_the_worker_run_it_was_made_for() {
     let mut sim = Sim::new(&[4], 2);
     sim.settle();

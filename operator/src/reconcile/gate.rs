@@ -98,8 +98,16 @@ pub fn held_app(app: &StatefulStreamApp, running: &AppSpec) -> StatefulStreamApp
 pub fn message(app: &StatefulStreamApp, changes: &[Change]) -> String {
     let name = app.metadata.name.as_deref().unwrap_or_default();
     let generation = app.metadata.generation.unwrap_or(0);
-    // One line for a condition: the suggestions `check --previous` indents go inline.
-    let losses: Vec<String> = changes
+    format!(
+        "the change to generation {generation} would lose data, so the workers keep running the spec before it: {}. To apply it anyway: kubectl annotate ssapp {name} {ACCEPT}={generation} --overwrite; or change the spec as suggested, or back",
+        losses(changes)
+    )
+}
+
+/// The losses on one line, for a condition or an event: the suggestions `check --previous`
+/// indents go inline.
+fn losses(changes: &[Change]) -> String {
+    changes
         .iter()
         .map(|c| {
             c.to_string()
@@ -107,10 +115,16 @@ pub fn message(app: &StatefulStreamApp, changes: &[Change]) -> String {
                 .collect::<Vec<_>>()
                 .join(" ")
         })
-        .collect();
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The `ChangeAccepted` message: a held change applied, and what it loses.
+pub fn accepted(app: &StatefulStreamApp, changes: &[Change]) -> String {
+    let generation = app.metadata.generation.unwrap_or(0);
     format!(
-        "the change to generation {generation} would lose data, so the workers keep running the spec before it: {}. To apply it anyway: kubectl annotate ssapp {name} {ACCEPT}={generation} --overwrite; or change the spec as suggested, or back",
-        losses.join(" ")
+        "applying generation {generation}, accepted with {ACCEPT}={generation} although it loses data: {}",
+        losses(changes)
     )
 }
 
