@@ -336,7 +336,13 @@ pub fn figures(section: &str, v: &Value) -> Vec<Figure> {
                     slug(r["case"].as_str().unwrap_or_default())
                 );
                 let reference = engine != "eddy";
-                for f in ["pause_p99_s", "balanced_after_s", "resumed_max_s"] {
+                for f in [
+                    "pause_p99_s",
+                    "pause_max_s",
+                    "balanced_after_s",
+                    "resumed_max_s",
+                    "rolled_out_after_s",
+                ] {
                     out.push(fig(
                         format!("{id}.{f}"),
                         r[f].as_f64(),
@@ -919,6 +925,8 @@ pub fn charts(section: &str, v: &Value, dir: &Path) -> Vec<(String, String)> {
                 let case = r["case"].as_str().unwrap_or_default();
                 let (what, value) = if case.starts_with("scale-out") {
                     ("pause p99", r["pause_p99_s"].as_f64())
+                } else if case.starts_with("rollout") {
+                    ("longest pause", r["pause_max_s"].as_f64())
                 } else {
                     ("processing again after", r["resumed_max_s"].as_f64())
                 };
@@ -936,7 +944,7 @@ pub fn charts(section: &str, v: &Value, dir: &Path) -> Vec<(String, String)> {
             vec![(
                 "scaling.svg".into(),
                 bars_svg(
-                    "scale-out and failover: seconds (shorter is better)",
+                    "scale-out, failover and rolling update: seconds (shorter is better)",
                     "s",
                     &bars,
                 ),

@@ -1,5 +1,5 @@
-//! `scaling-bench`: how long tasks pause when a stateful app scales out or loses a pod, eddy
-//! under its operator against Kafka Streams. Run it through `bench/scaling.sh`; the cases are
+//! `scaling-bench`: how long tasks pause when a stateful app scales out, loses a pod or is
+//! rolled, eddy under its operator against Kafka Streams. Run it through `bench/scaling.sh`; the cases are
 //! in `eddy_e2e::scaling`, and docs/benchmarks.md ("Scaling and failover") says what each
 //! figure means. Writes `results.json` and `results.md` to `--out` and prints the table.
 
@@ -20,6 +20,10 @@ const CASES: &[&str] = &[
     "eddy-scale-out-no-warmup",
     // 3 replicas, `numStandbyReplicas: 1`: a pod deleted, then another's worker SIGKILLed.
     "eddy-failover",
+    // 3 replicas, a pod template change rolled by the operator, with one standby per task and
+    // without.
+    "eddy-rollout",
+    "eddy-rollout-no-standby",
     // Two instances, a third added.
     "ks-scale-out",
     // Three instances, `num.standby.replicas=1`, one SIGKILLed (with Kafka Streams' default
@@ -28,11 +32,15 @@ const CASES: &[&str] = &[
     "ks-failover-kill",
     "ks-failover-kill-session-6s",
     "ks-failover-term",
+    // Three instances bounced one at a time (SIGTERM, started again on their state) as a
+    // StatefulSet's RollingUpdate does, with Kafka Streams' defaults and with one standby.
+    "ks-rollout",
+    "ks-rollout-standby",
 ];
 
 #[derive(Parser, Debug)]
 #[command(
-    about = "Pauses of a stateful app's tasks on scale-out and failover, eddy under its operator against Kafka Streams"
+    about = "Pauses of a stateful app's tasks on scale-out, failover and rolling updates, eddy under its operator against Kafka Streams"
 )]
 struct Args {
     #[command(flatten)]
@@ -41,7 +49,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "eddy-scale-out,eddy-scale-out-no-warmup,eddy-failover,ks-scale-out,ks-failover-kill,ks-failover-kill-session-6s,ks-failover-term"
+        default_value = "eddy-scale-out,eddy-scale-out-no-warmup,eddy-failover,eddy-rollout,eddy-rollout-no-standby,ks-scale-out,ks-failover-kill,ks-failover-kill-session-6s,ks-failover-term,ks-rollout,ks-rollout-standby"
     )]
     cases: Vec<String>,
     /// The reference app's jar (default: built by bench/kstreams/build.sh).
@@ -106,6 +114,11 @@ fn real_main() -> Result<()> {
         if wants("eddy-failover") {
             record("eddy-failover", eddy::failover(&env, s));
         }
+        for (case, standby) in [("eddy-rollout", true), ("eddy-rollout-no-standby", false)] {
+            if wants(case) {
+                record(case, eddy::rollout(&env, s, standby).map(|r| vec![r]));
+            }
+        }
         let _ = env.delete_all_apps();
     }
     if args.cases.iter().any(|c| c.starts_with("ks-")) {
@@ -125,6 +138,15 @@ fn real_main() -> Result<()> {
                 record(
                     &name,
                     kstreams::failover(&jar, s, case, &logs).map(|r| vec![r]),
+                );
+            }
+        }
+        for (case, _) in kstreams::ROLLOUTS {
+            let name = format!("ks-{case}");
+            if wants(&name) {
+                record(
+                    &name,
+                    kstreams::rollout(&jar, s, case, &logs).map(|r| vec![r]),
                 );
             }
         }

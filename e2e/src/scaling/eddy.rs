@@ -4,7 +4,8 @@
 
 use super::measure::{gaps, longest, longest_gap, percentile, since};
 use super::stage::{
-    Stage, baseline, log, opt3, partition_of, pause, round3, scale_out_figures, wall,
+    Stage, baseline, log, opt3, partition_of, pause, rollout_figures, round3, scale_out_figures,
+    wall,
 };
 use super::{ACCEPTABLE_LAG, Settings};
 use crate::k8s::{ControlPlane, Process};
@@ -35,11 +36,16 @@ struct Snap {
     assignment: Assignment,
     reports: BTreeMap<String, BTreeMap<String, TaskStatus>>,
     reason: String,
+    /// `status.progress` (`RollingUpdate k/n` while the operator rolls the pods).
+    progress: Option<String>,
 }
 
 impl Snap {
     fn same(&self, o: &Snap) -> bool {
-        self.assignment == o.assignment && self.reports == o.reports && self.reason == o.reason
+        self.assignment == o.assignment
+            && self.reports == o.reports
+            && self.reason == o.reason
+            && self.progress == o.progress
     }
 
     fn actives(&self) -> BTreeMap<String, String> {
@@ -226,6 +232,7 @@ impl EddyEnv {
                         .find(|c| c.type_ == "Progressing")
                         .map(|c| c.reason.clone())
                         .unwrap_or_default(),
+                    progress: status.progress,
                 };
                 let mut v = into.lock().unwrap_or_else(PoisonError::into_inner);
                 if !v.last().is_some_and(|l| l.same(&snap)) {
@@ -456,6 +463,128 @@ pub fn scale_out(env: &EddyEnv, args: &Settings, warmups: bool) -> Result<Value>
     Ok(result)
 }
 
+/// The app's pods, name → uid.
+fn pod_uids(env: &EddyEnv, name: &str) -> Result<BTreeMap<String, String>> {
+    let out = env.kubectl(
+        &[
+            "-n",
+            NS,
+            "get",
+            "pods",
+            "-l",
+            &format!("app.kubernetes.io/instance={name}"),
+            "-o",
+            r#"jsonpath={range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}"#,
+        ],
+        None,
+    )?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(p, u)| (p.to_string(), u.to_string()))
+        .collect())
+}
+
+/// A rolling update of 3 pods: a change of the pod template (an env variable of the worker,
+/// as an image upgrade or a config change would be), with one standby per task or none.
+/// Done when every pod was replaced, `status.progress` no longer shows the rollout and the app
+/// is balanced with every copy caught up.
+pub fn rollout(env: &EddyEnv, args: &Settings, standby: bool) -> Result<Value> {
+    let case = if standby {
+        "rollout"
+    } else {
+        "rollout-no-standby"
+    };
+    log(&format!("eddy {case}"));
+    let name = unique(if standby { "ro" } else { "rons" }).replace('_', "-");
+    let mut stage = Stage::new("scalebench", args.partitions)?;
+    let extra = if standby {
+        "  numStandbyReplicas: 1\n"
+    } else {
+        ""
+    };
+    env.apply_app(&name, &stage, 3, extra)?;
+    let w = env.watch(&name, stage.epoch);
+    let n = args.partitions as usize;
+    env.wait_balanced(&w, 3, n, args.balance_wait_s)?;
+    stage.load(args, &app_id(&name))?;
+    env.wait_balanced(&w, 3, n, args.balance_wait_s)?;
+    pause(args.baseline_s);
+
+    let t0 = stage.now();
+    let base = baseline(&stage, t0, args.baseline_s, args.partitions)?;
+    let before = pod_uids(env, &name)?;
+    env.kubectl(
+        &[
+            "-n",
+            NS,
+            "patch",
+            "ssapp",
+            &name,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"podTemplate":{"spec":{"containers":[{"name":"worker","env":[{"name":"BENCH_REVISION","value":"2"}]}]}}}}"#,
+        ],
+        None,
+    )?;
+    // `status.progress` is `RollingUpdate k/3` while the operator rolls the pods, the
+    // `Progressing` reason otherwise.
+    let rolling = |s: &Snap| {
+        s.progress
+            .as_deref()
+            .is_some_and(|p| p.starts_with("RollingUpdate"))
+    };
+    let started = |w: &AppWatch| w.first(t0, rolling);
+    let done = |w: &AppWatch| {
+        started(w).and_then(|from| w.first(from, |s| !rolling(s) && s.balanced(3, n)))
+    };
+    let finished = wait_until(Duration::from_secs(args.rollout_wait_s), || {
+        let now = pod_uids(env, &name)?;
+        Ok(done(&w).is_some()
+            && now.len() == 3
+            && now
+                .iter()
+                .all(|(p, u)| before.get(p).is_some_and(|b| b != u)))
+    });
+    if let Err(e) = &finished {
+        log(&format!("{case}: {e:#}"));
+    }
+    let rolled_out = finished.is_ok().then(|| done(&w)).flatten();
+    pause(args.settle_s);
+    let t_end = stage.now();
+    let figures = rollout_figures(&stage, args.partitions, (t0, t_end))?;
+    // When the progress changed, and when each pod went down and came back.
+    let mut steps = Vec::new();
+    let mut last: Option<(Option<String>, Vec<String>)> = None;
+    for s in w.all().into_iter().filter(|s| s.t >= t0 && s.t <= t_end) {
+        let now = (s.progress.clone(), s.assignment.down.clone());
+        if last.as_ref() != Some(&now) {
+            steps.push(json!({"t_s": round3(s.t - t0), "progress": now.0, "down": now.1}));
+            last = Some(now);
+        }
+    }
+    let mut result = json!({
+        "engine": "eddy",
+        "case": case,
+        "event": "a pod template change (3 pods)",
+        "event_at": wall(&stage, t0),
+        "standbys": u8::from(standby),
+        "rolled_out_after_s": opt3(rolled_out.map(|t| t - t0)),
+        "rollout_wait_s": args.rollout_wait_s,
+        "baseline": base,
+        "steps": steps,
+        "status_changes": status_changes(&w, t0, t_end),
+    });
+    if let Value::Object(r) = &mut result {
+        r.extend(figures);
+    }
+    drop(w);
+    env.delete_app(&name)?;
+    stage.finish(&topics_with_prefix(&app_id(&name))?)?;
+    log(&format!("eddy {case}: {result}"));
+    Ok(result)
+}
+
 /// The pid of the `eddy-worker` process the pod runner runs for `pod`.
 fn worker_pid(pod: &str) -> Result<u32> {
     let want_id = format!("EDDY_INSTANCE_ID={pod}");
@@ -500,7 +629,7 @@ pub fn failover(env: &EddyEnv, args: &Settings) -> Result<Vec<Value>> {
             .collect();
         let event = if case == "failover-delete" {
             env.kubectl(&["-n", NS, "delete", "pod", &pod, "--wait=false"], None)?;
-            format!("kubectl delete pod {pod} (graceful)")
+            format!("kubectl delete pod {pod} (graceful: its worker hands its tasks over)")
         } else {
             let pid = worker_pid(&pod)?;
             Command::new("kill")
@@ -509,13 +638,11 @@ pub fn failover(env: &EddyEnv, args: &Settings) -> Result<Vec<Value>> {
             format!("SIGKILL to the worker of {pod}")
         };
         log(&format!("{event}: its tasks {tasks:?}"));
-        // Each task moved off the pod (at once: to a standby's pod), the pod came back and
-        // got its share again, and every task writes output since its last move.
-        let moved_at = |task: &str| {
-            w.first(t0, |s| {
-                s.actives().get(task).is_some_and(|p| *p != pod) && s.assignment.down.contains(&pod)
-            })
-        };
+        // Each task moved off the pod (to a standby's pod: handed over while the deleted pod
+        // stops, failed over from the killed one), the pod came back and got its share again,
+        // and every task writes output since its last move.
+        let moved_at =
+            |task: &str| w.first(t0, |s| s.actives().get(task).is_some_and(|p| *p != pod));
         let last_move = |task: &str| {
             let all = w.all();
             let owner = |s: &Snap| s.actives().get(task).cloned();

@@ -5,7 +5,8 @@
 use super::Settings;
 use super::measure::{longest_gap, percentile, since};
 use super::stage::{
-    Stage, baseline, log, opt3, partition_of, pause, round3, scale_out_figures, wall,
+    Stage, baseline, log, opt3, partition_of, pause, rollout_figures, round3, scale_out_figures,
+    wall,
 };
 use crate::{bootstrap, topics_with_prefix, unique, wait_until};
 use anyhow::{Context as _, Result};
@@ -44,7 +45,14 @@ impl KsInstance {
         logs: &Path,
         config: &[String],
     ) -> Result<KsInstance> {
-        let log = logs.join(format!("{app}-{name}.log"));
+        // A restarted instance (the rolling bounce) keeps the first one's log.
+        let mut log = logs.join(format!("{app}-{name}.log"));
+        for run in 2.. {
+            if !log.exists() {
+                break;
+            }
+            log = logs.join(format!("{app}-{name}-{run}.log"));
+        }
         let mut child = Command::new("java")
             .arg(crate::compare::jvm_tmpdir(dir))
             .arg("-jar")
@@ -422,6 +430,113 @@ pub fn failover(jar: &Path, args: &Settings, case: &str, logs: &Path) -> Result<
         "baseline": base,
         "moved": per_task,
     });
+    for i in &mut inst {
+        i.stop();
+    }
+    stage.finish(&topics_with_prefix(&app)?)?;
+    log(&format!("Kafka Streams {case}: {result}"));
+    Ok(result)
+}
+
+/// The rolling bounce cases: Kafka Streams' defaults (no standby), and one standby per task.
+pub const ROLLOUTS: &[(&str, &[&str])] = &[
+    ("rollout", &["num.standby.replicas=0"]),
+    ("rollout-standby", &["num.standby.replicas=1"]),
+];
+
+/// One of [`ROLLOUTS`]: the rolling bounce a StatefulSet's `RollingUpdate` does to three
+/// instances, highest ordinal first: SIGTERM (a clean close that leaves the group), the same
+/// instance started again on its state directory once the old process exited, and the next one
+/// once it is RUNNING (what a readiness probe on `KafkaStreams#state` waits for). Done when the
+/// last one is back and the group is balanced.
+pub fn rollout(jar: &Path, args: &Settings, case: &str, logs: &Path) -> Result<Value> {
+    let Some((case, config)) = ROLLOUTS.iter().find(|f| f.0 == case) else {
+        anyhow::bail!("no Kafka Streams rollout case {case}");
+    };
+    let config = owned(config);
+    let standbys = usize::from(config.iter().any(|c| c == "num.standby.replicas=1"));
+    log(&format!("Kafka Streams {case}"));
+    let dir = tempfile::tempdir()?;
+    let app = unique("ks-ro");
+    let mut stage = Stage::new("scalebench", args.partitions)?;
+    let n = args.partitions as usize;
+    let mut inst = Vec::new();
+    for i in 0..3 {
+        inst.push(KsInstance::start(
+            jar,
+            &stage,
+            &app,
+            &format!("ks-{i}"),
+            dir.path(),
+            logs,
+            &config,
+        )?);
+    }
+    ks_wait_balanced(&mut inst, n, standbys, 300)?;
+    stage.load(args, &app)?;
+    ks_wait_balanced(&mut inst, n, standbys, 300)?;
+    pause(args.baseline_s);
+    let t0 = stage.now();
+    let base = baseline(&stage, t0, args.baseline_s, args.partitions)?;
+    let deadline = Instant::now() + Duration::from_secs(args.rollout_wait_s);
+    let mut steps = Vec::new();
+    let mut failed = None;
+    for i in (0..3).rev() {
+        let down = stage.now();
+        inst[i].stop();
+        let exited = stage.now();
+        inst[i] = KsInstance::start(
+            jar,
+            &stage,
+            &app,
+            &format!("ks-{i}"),
+            dir.path(),
+            logs,
+            &config,
+        )?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ready = wait_until(left, || {
+            Ok(inst[i].latest().is_some_and(|s| s.state == "RUNNING"))
+        });
+        steps.push(json!({
+            "instance": inst[i].name,
+            "stopped_s": round3(down - t0),
+            "exited_s": round3(exited - t0),
+            "running_s": ready.is_ok().then(|| round3(stage.now() - t0)),
+        }));
+        if let Err(e) = ready {
+            failed = Some(format!("ks-{i} not RUNNING again: {e:#}"));
+            break;
+        }
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    let rolled_out = match failed {
+        None => wait_until(left, || Ok(ks_balanced(&mut inst, n, standbys)))
+            .map(|()| stage.now())
+            .map_err(|e| format!("not balanced after the bounce: {e:#}")),
+        Some(f) => Err(f),
+    };
+    if let Err(e) = &rolled_out {
+        log(&format!("Kafka Streams {case}: {e}"));
+    }
+    pause(args.settle_s);
+    let t_end = stage.now();
+    let figures = rollout_figures(&stage, args.partitions, (t0, t_end))?;
+    let mut result = json!({
+        "engine": "kafka-streams",
+        "case": case,
+        "event": "a rolling bounce of 3 instances (SIGTERM, start again)",
+        "config": config,
+        "event_at": wall(&stage, t0),
+        "standbys": standbys,
+        "rolled_out_after_s": rolled_out.ok().map(|t| round3(t - t0)),
+        "rollout_wait_s": args.rollout_wait_s,
+        "baseline": base,
+        "steps": steps,
+    });
+    if let Value::Object(r) = &mut result {
+        r.extend(figures);
+    }
     for i in &mut inst {
         i.stop();
     }

@@ -1,7 +1,7 @@
 //! The scaling benchmark (`scaling-bench`, run through `bench/scaling.sh`): how long tasks
-//! pause when a stateful app scales out or loses a pod, for eddy under its operator (local
-//! control plane, operator and pod runner) and for Kafka Streams (`bench/kstreams`' reference
-//! app as local processes), on the same input. docs/benchmarks.md ("Scaling and failover")
+//! pause when a stateful app scales out, loses a pod or has its pods rolled, for eddy under its
+//! operator (local control plane, operator and pod runner) and for Kafka Streams
+//! (`bench/kstreams`' reference app as local processes), on the same input. docs/benchmarks.md ("Scaling and failover")
 //! says what each figure means.
 //!
 //! Every case starts an app counting per key (exactly-once, output keyed like the input, so
@@ -9,8 +9,9 @@
 //! second flowing, and watches each task's committed output ([`measure::OutputWatch`]).
 //! - [`measure`]: the load and the output watch, gaps and percentiles;
 //! - [`stage`]: one case's topics, load and baseline;
-//! - [`eddy`]: eddy's cases (scale-out with and without warm-ups, failover);
-//! - [`kstreams`]: Kafka Streams' cases (scale-out, failover by SIGKILL and SIGTERM);
+//! - [`eddy`]: eddy's cases (scale-out with and without warm-ups, failover, rolling update);
+//! - [`kstreams`]: Kafka Streams' cases (scale-out, failover by SIGKILL and SIGTERM, rolling
+//!   bounce);
 //! - [`report`]: the results as Markdown, and the Kafka Streams / eddy ratios.
 
 pub mod eddy;
@@ -50,6 +51,9 @@ pub struct Settings {
     /// Longest wait for a failed pod's or instance's tasks to process again.
     #[arg(long, default_value_t = 180)]
     pub failover_wait_s: u64,
+    /// Longest wait for a rolling update of 3 pods or instances to finish.
+    #[arg(long, default_value_t = 600)]
+    pub rollout_wait_s: u64,
 }
 
 /// The operator's default `warmup.acceptableRecoveryLag`, which Kafka Streams shares.

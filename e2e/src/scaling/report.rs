@@ -45,6 +45,30 @@ pub fn ratios(results: &[Value]) -> Value {
             "failover-kill-session-6s",
             "resumed_max_s",
         ),
+        (
+            "rolling update, one standby: longest pause",
+            "rollout",
+            "rollout-standby",
+            "pause_max_s",
+        ),
+        (
+            "rolling update, one standby: time until done",
+            "rollout",
+            "rollout-standby",
+            "rolled_out_after_s",
+        ),
+        (
+            "rolling update, no standby (Kafka Streams' defaults): longest pause",
+            "rollout-no-standby",
+            "rollout",
+            "pause_max_s",
+        ),
+        (
+            "rolling update, no standby (Kafka Streams' defaults): time until done",
+            "rollout-no-standby",
+            "rollout",
+            "rolled_out_after_s",
+        ),
     ];
     let mut m = serde_json::Map::new();
     for (label, eddy_case, ks_case, field) in pairs {
@@ -75,7 +99,7 @@ pub fn markdown(args: &Settings, results: &[Value]) -> String {
         "{} keys, {} partitions, {} input records/s, exactly-once; seconds.\n\n",
         args.keys, args.partitions, args.rate
     );
-    s.push_str("| engine | case | event | tasks | pause p99 | pause max | of it at the move (p99) | other tasks' longest gap | processing again after (max) | balanced after | normal gap (p99 over tasks) | target |\n");
+    s.push_str("| engine | case | event | tasks | pause p99 | pause max | of it at the move (p99) | other tasks' longest gap | processing again after (max) | balanced (or rollout done) after | normal gap (p99 over tasks) | target |\n");
     s.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for r in results {
         let case = r["case"].as_str().unwrap_or_default();
@@ -93,6 +117,11 @@ pub fn markdown(args: &Settings, results: &[Value]) -> String {
                 Some(v) => format!("{v:.2}"),
                 None => format!("not within {} s", r["balance_wait_s"]),
             }
+        } else if case.starts_with("rollout") {
+            match r["rolled_out_after_s"].as_f64() {
+                Some(v) => format!("{v:.2} (done)"),
+                None => format!("not done within {} s", r["rollout_wait_s"]),
+            }
         } else {
             "—".into()
         };
@@ -104,6 +133,10 @@ pub fn markdown(args: &Settings, results: &[Value]) -> String {
             (true, c) if c.starts_with("failover") => match r["resumed_max_s"].as_f64() {
                 Some(v) if v < 5.0 => "< 5 s ✓".to_string(),
                 _ => "< 5 s ✗".to_string(),
+            },
+            (true, "rollout") => match r["pause_max_s"].as_f64() {
+                Some(v) if v < 1.0 => "pause max < 1 s ✓".to_string(),
+                _ => "pause max < 1 s ✗".to_string(),
             },
             _ => String::new(),
         };

@@ -232,3 +232,35 @@ pub fn scale_out_figures(
     };
     Ok(figures)
 }
+
+/// The figures of a rolling update that both engines share, between `t0` (the change) and
+/// `t_end`: every task's longest pause (a rollout restarts every instance, so every task may
+/// pause), their p99 and maximum.
+pub fn rollout_figures(
+    stage: &Stage,
+    partitions: i32,
+    (t0, t_end): (f64, f64),
+) -> Result<serde_json::Map<String, Value>> {
+    let mut pauses = Vec::new();
+    let mut per_task = Vec::new();
+    for task in all_tasks(partitions) {
+        let gap = longest_gap(&stage.watch()?.arrivals(partition_of(&task)), t0, t_end);
+        pauses.push(gap.seconds());
+        per_task.push(json!({
+            "task": task,
+            "pause_s": round3(gap.seconds()),
+            "pause_from_s": round3(gap.start - t0),
+            "pause_to_s": round3(gap.end - t0),
+            "resumed": gap.resumed,
+        }));
+    }
+    let Value::Object(figures) = json!({
+        "tasks": per_task.len(),
+        "pause_p99_s": opt3(percentile(&pauses, 0.99)),
+        "pause_max_s": opt3(pauses.iter().copied().reduce(f64::max)),
+        "pauses": per_task,
+    }) else {
+        unreachable!("json! of an object literal")
+    };
+    Ok(figures)
+}
