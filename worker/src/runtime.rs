@@ -970,6 +970,11 @@ impl Manager<'_> {
                 .into_iter()
                 .partition(|t| lost.contains(&t.id));
             self.tasks = keep;
+            // Committed above and never processed here again: tell the other workers now,
+            // before the stores are flushed and closed one by one, so that a new owner starts
+            // restoring at once (what it restores is in the changelogs already).
+            self.report();
+            self.status.report_soon();
             let mut tpl = TopicPartitionList::new();
             for mut t in release {
                 for i in &t.inputs {

@@ -277,10 +277,14 @@ pub fn place(input: &Input) -> Placement {
     let draining = |p: &str| input.draining == Some(p) || health(p) == Health::HandingOff;
     // The pods that may take active tasks: a pod the rollout drains takes none.
     let takers: Vec<String> = staying.iter().filter(|p| !draining(p)).cloned().collect();
-    // The pods that may hold standbys: also the one the rollout restarts, while it is away.
+    // The pods that may hold standbys: also the one the rollout restarts, while it is away,
+    // and one handing its tasks over (new copies elsewhere would restore in full right when
+    // its actives move, and compete with them).
     let holders: Vec<String> = (0..input.replicas)
         .map(|i| pod_name(input.app, i))
-        .filter(|p| up(p) || input.restarting == Some(p.as_str()))
+        .filter(|p| {
+            up(p) || input.restarting == Some(p.as_str()) || health(p) == Health::HandingOff
+        })
         .collect();
     let legacy = lagless(input.reports);
     // Only a report of the pod's current container counts (Up): a restarted pod's previous
