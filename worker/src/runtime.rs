@@ -887,15 +887,19 @@ impl Manager<'_> {
         if self.status.stopping.load(Ordering::Relaxed) {
             // Handing over before it stops: it keeps what it runs until the operator moves it
             // and takes nothing new (an assignment made before the operator saw the pod go).
-            let held: Vec<TaskId> = self
-                .tasks
-                .iter()
-                .map(|t| t.id)
-                .chain(self.jobs.iter().flat_map(|j| j.ids.iter().copied()))
-                .collect();
+            let held = self.active_ids();
             desired.active.retain(|t| held.contains(t));
         }
         Some(desired)
+    }
+
+    /// The active tasks held now: running, or restoring before they run.
+    fn active_ids(&self) -> Vec<TaskId> {
+        self.tasks
+            .iter()
+            .map(|t| t.id)
+            .chain(self.jobs.iter().flat_map(|j| j.ids.iter().copied()))
+            .collect()
     }
 
     /// The standby and warm-up tasks followed now.
@@ -949,12 +953,7 @@ impl Manager<'_> {
         for j in cancel {
             j.cancel();
         }
-        let active: Vec<TaskId> = self
-            .tasks
-            .iter()
-            .map(|t| t.id)
-            .chain(self.jobs.iter().flat_map(|j| j.ids.iter().copied()))
-            .collect();
+        let active = self.active_ids();
         let c = plan::changes(&active, &self.replicas(), d);
         if !c.actives_unchanged() {
             tracing::info!(generation = d.generation, start = ?c.start, promote = ?c.promote,

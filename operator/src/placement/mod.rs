@@ -277,14 +277,16 @@ pub fn place(input: &Input) -> Placement {
     let draining = |p: &str| input.draining == Some(p) || health(p) == Health::HandingOff;
     // The pods that may take active tasks: a pod the rollout drains takes none.
     let takers: Vec<String> = staying.iter().filter(|p| !draining(p)).cloned().collect();
-    // The pods that may hold standbys: also the one the rollout restarts, while it is away,
-    // and one handing its tasks over (new copies elsewhere would restore in full right when
-    // its actives move, and compete with them).
+    // The pods that may hold standbys: also the one the rollout restarts, while it is away.
     let holders: Vec<String> = (0..input.replicas)
         .map(|i| pod_name(input.app, i))
-        .filter(|p| {
-            up(p) || input.restarting == Some(p.as_str()) || health(p) == Health::HandingOff
-        })
+        .filter(|p| up(p) || input.restarting == Some(p.as_str()))
+        .collect();
+    // A pod handing its tasks over keeps the standbys it has, and gets no new one: copies
+    // restored elsewhere right now would compete with the hand-off of its actives.
+    let keepers: Vec<String> = (0..input.replicas)
+        .map(|i| pod_name(input.app, i))
+        .filter(|p| health(p) == Health::HandingOff)
         .collect();
     let legacy = lagless(input.reports);
     // Only a report of the pod's current container counts (Up): a restarted pod's previous
@@ -442,7 +444,7 @@ pub fn place(input: &Input) -> Placement {
     let standbys = standby::place(
         &stateful_tasks,
         &owner,
-        &holders,
+        (&holders, &keepers),
         input.standby_replicas,
         &prev_standbys,
         lag,

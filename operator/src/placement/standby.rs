@@ -10,12 +10,13 @@ use eddy_crds::TaskId;
 use std::collections::BTreeMap;
 
 /// `k` standbys for each task of `tasks` (the stateful ones) over `pods` (those that may
-/// hold any: up and staying). `active` is each task's active pod, `previous` last
-/// generation's standbys, `lag(pod, task)` the lag a pod reports for its copy of a task.
+/// hold any: up and staying), and on `keepers` only those they held already (a pod handing
+/// its tasks over). `active` is each task's active pod, `previous` last generation's
+/// standbys, `lag(pod, task)` the lag a pod reports for its copy of a task.
 pub fn place(
     tasks: &[TaskId],
     active: &BTreeMap<TaskId, String>,
-    pods: &[String],
+    (pods, keepers): (&[String], &[String]),
     k: usize,
     previous: &BTreeMap<TaskId, Vec<String>>,
     lag: impl Fn(&str, TaskId) -> Option<i64>,
@@ -28,11 +29,12 @@ pub fn place(
     for t in tasks {
         let owner = active.get(t).map(String::as_str);
         let eligible = |p: &str| count.contains_key(p) && Some(p) != owner;
+        let kept = |p: &str| eligible(p) || (keepers.iter().any(|k| k == p) && Some(p) != owner);
         let mut chosen: Vec<String> = previous
             .get(t)
             .into_iter()
             .flatten()
-            .filter(|p| eligible(p))
+            .filter(|p| kept(p))
             .take(k)
             .cloned()
             .collect();

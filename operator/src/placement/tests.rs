@@ -1006,8 +1006,17 @@ fn a_pod_handing_off_loses_its_actives_to_caught_up_copies_and_keeps_the_rest_un
             0
         }
     });
+    let standbys_before = sim.a().pods["a-1"].standby.clone();
+    assert!(!standbys_before.is_empty());
     let p = sim.step();
     assert_ne!(owner(&p.assignment, &quick), "a-1", "{:?}", p.assignment);
+    // It keeps the standbys it had (no restore elsewhere while it hands over), and gets no
+    // new one, not even of a task it let go.
+    assert_eq!(
+        p.assignment.pods["a-1"].standby, standbys_before,
+        "{:?}",
+        p.assignment
+    );
     assert!(
         p.moves
             .iter()
