@@ -576,6 +576,34 @@ fn standbys_caught_up(env: &Operated, ns: &str, app: &str, tasks: usize) -> Resu
     )
 }
 
+/// One app per `(name, guarantee, output)` reading `input`, 3 replicas, one standby each,
+/// committing every `commit` ms: the apps both guarantees' rolling-update and hand-off tests
+/// run side by side.
+fn standby_apps(apps: &[(&str, &str, &String)], input: &str, commit: u32) -> Result<String> {
+    let mut all = String::new();
+    for (app, guarantee, out) in apps {
+        let extra = format!(
+            "  processingGuarantee: {guarantee}\n  commitIntervalMs: {commit}\n  numStandbyReplicas: 1\n"
+        );
+        all += &app_yaml(app, 3, input, out, &extra)?;
+        all += "---\n";
+    }
+    Ok(all)
+}
+
+/// Wait until `out` shows each key's count `sent` (exactly, or under at-least-once at least).
+fn wait_counted(env: &Operated, out: &str, sent: &HashMap<String, i64>, exact: bool) -> Result<()> {
+    wait_until(WAIT, || {
+        let last = i64_values_by_key(out)?;
+        Ok(sent.iter().all(|(k, n)| {
+            last.get(k)
+                .and_then(|v| v.last())
+                .is_some_and(|v| if exact { v == n } else { v >= n })
+        }))
+    })
+    .with_context(|| env.logs())
+}
+
 /// `kubectl delete pod` (at-least-once) and `kubectl drain` of the node (exactly-once: every pod
 /// evicted, one at a time) under a steady producer, with state and one standby: each worker
 /// keeps processing while the operator moves its active tasks to their caught-up standbys
@@ -600,15 +628,7 @@ fn a_deleted_pod_hands_its_tasks_to_caught_up_standbys_before_it_stops() -> Resu
         .map(|i| (Some(format!("k{i}").into_bytes()), Some(b"{}".to_vec())))
         .collect();
     produce(&input, &records)?;
-    let mut all = String::new();
-    for (app, guarantee, out) in apps {
-        let extra = format!(
-            "  processingGuarantee: {guarantee}\n  commitIntervalMs: 200\n  numStandbyReplicas: 1\n"
-        );
-        all += &app_yaml(app, 3, &input, out, &extra)?;
-        all += "---\n";
-    }
-    env.apply(ns, &all)?;
+    env.apply(ns, &standby_apps(&apps, &input, 200)?)?;
     for (app, _, _) in apps {
         env.wait_settled(ns, app, 3)?;
         wait_until(WAIT, || standbys_caught_up(env, ns, app, 6)).with_context(|| env.logs())?;
@@ -743,16 +763,8 @@ fn a_deleted_pod_hands_its_tasks_to_caught_up_standbys_before_it_stops() -> Resu
         w.stop()?;
     }
     for (app, _, out) in apps {
-        let exact = app == "heos";
-        wait_until(WAIT, || {
-            let last = i64_values_by_key(out)?;
-            Ok(sent.iter().all(|(k, n)| {
-                last.get(k)
-                    .and_then(|v| v.last())
-                    .is_some_and(|v| if exact { v == n } else { v >= n })
-            }))
-        })
-        .with_context(|| format!("{app}: counts wrong after the hand-off\n{}", env.logs()))?;
+        wait_counted(env, out, &sent, app == "heos")
+            .with_context(|| format!("{app}: counts wrong after the hand-off"))?;
     }
     env.delete_apps(ns)?;
     Ok(())
@@ -783,18 +795,7 @@ fn a_rolling_update_moves_each_pods_tasks_before_it_restarts_the_pod() -> Result
         .map(|i| (Some(format!("k{i}").into_bytes()), Some(b"{}".to_vec())))
         .collect();
     produce(&input, &records)?;
-    let spec = |commit: u32| -> Result<String> {
-        let mut all = String::new();
-        for (app, guarantee, out) in apps {
-            let extra = format!(
-                "  processingGuarantee: {guarantee}\n  commitIntervalMs: {commit}\n  numStandbyReplicas: 1\n"
-            );
-            all += &app_yaml(app, 3, &input, out, &extra)?;
-            all += "---\n";
-        }
-        Ok(all)
-    };
-    env.apply(ns, &spec(200)?)?;
+    env.apply(ns, &standby_apps(&apps, &input, 200)?)?;
     for (app, _, _) in apps {
         env.wait_settled(ns, app, 3)?;
         wait_until(WAIT, || standbys_caught_up(env, ns, app, 6)).with_context(|| env.logs())?;
@@ -820,7 +821,7 @@ fn a_rolling_update_moves_each_pods_tasks_before_it_restarts_the_pod() -> Result
         .map(|(app, _, _)| pods_of(env, ns, app))
         .collect::<Result<_>>()?;
     let t0 = since(epoch);
-    env.apply(ns, &spec(250)?)?;
+    env.apply(ns, &standby_apps(&apps, &input, 250)?)?;
 
     // Until both apps settled on the new template: when each pod was away (its old one
     // deleted, until its new one is Ready), in the order they went.
@@ -936,21 +937,8 @@ fn a_rolling_update_moves_each_pods_tasks_before_it_restarts_the_pod() -> Result
         w.stop()?;
     }
     for (app, _, out) in apps {
-        let exact = app == "eos";
-        wait_until(WAIT, || {
-            let last = i64_values_by_key(out)?;
-            Ok(sent.iter().all(|(k, n)| {
-                last.get(k)
-                    .and_then(|v| v.last())
-                    .is_some_and(|v| if exact { v == n } else { v >= n })
-            }))
-        })
-        .with_context(|| {
-            format!(
-                "{app}: counts wrong after the rolling update\n{}",
-                env.logs()
-            )
-        })?;
+        wait_counted(env, out, &sent, app == "eos")
+            .with_context(|| format!("{app}: counts wrong after the rolling update"))?;
     }
     env.delete_apps(ns)?;
     Ok(())

@@ -524,11 +524,15 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
             (None, None) => None,
         };
     }
-    if link.is_some()
-        && let Ok(mut r) = status.report.lock()
-    {
-        // The operator hands a terminating pod's tasks over only if its worker waits for it.
-        r.handoff_seconds = a.handoff_timeout_seconds;
+    // Only under the operator is there someone to hand the tasks to; the operator hands a
+    // terminating pod's tasks over only if its worker says it waits for that.
+    let handoff = std::time::Duration::from_secs(if link.is_some() {
+        a.handoff_timeout_seconds
+    } else {
+        0
+    });
+    if let Ok(mut r) = status.report.lock() {
+        r.handoff_seconds = handoff.as_secs();
     }
     if let Some(link) = link {
         let client = rt
@@ -549,12 +553,6 @@ fn run(a: RunArgs) -> anyhow::Result<()> {
     }
     {
         let status = status.clone();
-        // Only under the operator is there someone to hand the tasks to.
-        let handoff = std::time::Duration::from_secs(if status.follow_assignment {
-            a.handoff_timeout_seconds
-        } else {
-            0
-        });
         rt.spawn(async move {
             use tokio::signal::unix::{SignalKind, signal};
             let (Ok(mut term), Ok(mut int)) = (

@@ -67,8 +67,9 @@ pub enum Health {
     /// committing its last batch and nothing can fence it, so its tasks stay until its
     /// container stops (a new owner restoring meanwhile would miss its last changelog writes).
     Stopping,
-    /// Terminating, its worker handing its active tasks over (its fresh report says
-    /// `stopping`): it takes no task, and its actives move to caught-up copies on other pods
+    /// Terminating, its worker handing its active tasks over (its fresh report says it does,
+    /// `handoffSeconds`, or that it is `stopping`; or running, told to stop by its kubelet):
+    /// it takes no active task, and its actives move to caught-up copies on other pods
     /// as a drained pod's do, while it keeps processing them until then.
     HandingOff,
     Down(DownCause),
